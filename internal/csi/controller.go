@@ -1,0 +1,215 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
+)
+
+func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	name := req.GetName()
+	if name == "" {
+		return nil, invalid("volume name is required")
+	}
+	if len(name) > pool.MaxNameLength {
+		return nil, invalid("volume name is %d bytes long, at most %d are allowed", len(name), pool.MaxNameLength)
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return nil, err
+	}
+	params, err := volumeParameters(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	fsType, err := fsTypeFor(req.GetVolumeCapabilities(), params)
+	if err != nil {
+		return nil, err
+	}
+	size, err := sizeFor(req.GetCapacityRange(), fsType)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, invalid("creating a volume from a snapshot or another volume is not supported yet")
+	}
+	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
+		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): podvol provisions only on the node that runs this plugin", TopologyKey, d.cfg.NodeID)
+	}
+
+	defer d.locks.lock("name/" + name)()
+	v, err := d.cfg.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
+}
+
+func (d *Driver) csiVolume(v *store.Volume) *csi.Volume {
+	return &csi.Volume{
+		VolumeId:           v.ID,
+		CapacityBytes:      v.SizeBytes,
+		VolumeContext:      map[string]string{ParamFsType: v.FsType},
+		AccessibleTopology: []*csi.Topology{d.topology()},
+	}
+}
+
+func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	if err := checkVolumeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	defer d.locks.lock(req.GetVolumeId())()
+	if err := d.cfg.Pool.DeleteVolume(ctx, req.GetVolumeId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// lookup returns the ready volume with id, or NOT_FOUND.
+func (d *Driver) lookup(id string) (*store.Volume, error) {
+	if err := checkVolumeID(id); err != nil {
+		return nil, err
+	}
+	if !pool.ValidID(id) {
+		return nil, status.Errorf(codes.NotFound, "volume %q does not exist on node %s", id, d.cfg.NodeID)
+	}
+	v, err := d.cfg.Pool.Store().Volume(id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && v.State != store.Ready) {
+		return nil, status.Errorf(codes.NotFound, "volume %q does not exist on node %s", id, d.cfg.NodeID)
+	}
+	return v, toStatus(err)
+}
+
+func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	if err := checkVolumeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalid("volume capabilities are required")
+	}
+	v, err := d.lookup(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		why := checkCapability(c)
+		if fs := c.GetMount().GetFsType(); why == "" && fs != "" && fs != v.FsType {
+			why = fmt.Sprintf("volume %s is %s, not %s", v.ID, v.FsType, fs)
+		}
+		if why != "" {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: why}, nil
+		}
+	}
+	if _, err := volumeParameters(req.GetParameters()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// publishedNodes is this node when the volume is staged here: node-local
+// volumes are never published anywhere else.
+func (d *Driver) publishedNodes(v *store.Volume) []string {
+	if v.Stage != nil || len(v.Publications) > 0 {
+		return []string{d.cfg.NodeID}
+	}
+	return nil
+}
+
+// ListVolumes pages through volumes in id order. The token is the id to
+// start at, so a page stays valid when volumes before it are deleted.
+func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, invalid("max_entries must not be negative")
+	}
+	start := req.GetStartingToken()
+	if start != "" && !pool.ValidID(start) {
+		return nil, status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
+	}
+	vols, err := d.cfg.Pool.Store().Volumes()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &csi.ListVolumesResponse{}
+	for _, v := range vols {
+		if v.State != store.Ready || v.ID < start {
+			continue
+		}
+		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
+			resp.NextToken = v.ID
+			break
+		}
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{
+			Volume: d.csiVolume(v),
+			Status: &csi.ListVolumesResponse_VolumeStatus{PublishedNodeIds: d.publishedNodes(v)},
+		})
+	}
+	return resp, nil
+}
+
+func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+	v, err := d.lookup(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	return &csi.ControllerGetVolumeResponse{
+		Volume: d.csiVolume(v),
+		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: d.publishedNodes(v)},
+	}, nil
+}
+
+// GetCapacity reports what is left of this node's pool; other topology
+// segments have nothing here.
+func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	if t := req.GetAccessibleTopology(); t != nil && t.GetSegments()[TopologyKey] != d.cfg.NodeID {
+		return &csi.GetCapacityResponse{}, nil
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		if checkCapability(c) != "" {
+			return &csi.GetCapacityResponse{}, nil
+		}
+	}
+	fs := "ext4"
+	if len(req.GetVolumeCapabilities()) > 0 || req.GetParameters() != nil {
+		if params, err := volumeParameters(req.GetParameters()); err == nil {
+			if f, err := fsTypeFor(req.GetVolumeCapabilities(), params); err == nil {
+				fs = f
+			}
+		}
+	}
+	total, allocated, err := d.cfg.Pool.Capacity()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	free := max(total-allocated, 0)
+	return &csi.GetCapacityResponse{
+		AvailableCapacity: free,
+		MaximumVolumeSize: wrapperspb.Int64(free),
+		MinimumVolumeSize: wrapperspb.Int64(pool.MinSize(fs)),
+	}, nil
+}

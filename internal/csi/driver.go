@@ -1,0 +1,111 @@
+// Package csi is podvol's gRPC edge: it validates every CSI request,
+// translates it into calls on the pool and node packages, and maps their
+// errors to the status codes the CSI spec prescribes. Nothing below this
+// package knows about gRPC.
+package csi
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/podvol/podvol/internal/node"
+	"github.com/podvol/podvol/internal/pool"
+)
+
+const (
+	// DriverName is the CSI driver name podvol registers.
+	DriverName = "podvol.io"
+	// TopologyKey carries the node a volume lives on.
+	TopologyKey = "topology.podvol.io/node"
+)
+
+// Config is what the CSI services need.
+type Config struct {
+	Version    string
+	NodeID     string
+	MaxVolumes int64
+	Pool       *pool.Pool
+	Node       *node.Node
+}
+
+// Driver implements the Identity, Controller and Node services.
+type Driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedControllerServer
+	csi.UnimplementedNodeServer
+
+	cfg   Config
+	locks keyedMutex
+}
+
+// New returns a Driver.
+func New(cfg Config) *Driver { return &Driver{cfg: cfg} }
+
+func (d *Driver) topology() *csi.Topology {
+	return &csi.Topology{Segments: map[string]string{TopologyKey: d.cfg.NodeID}}
+}
+
+// toStatus maps an error from the layers below to a CSI status code.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, pool.ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, pool.ErrConflict):
+		code = codes.AlreadyExists
+	case errors.Is(err, pool.ErrNoSpace):
+		code = codes.ResourceExhausted
+	case errors.Is(err, pool.ErrInUse), errors.Is(err, pool.ErrUnusable):
+		code = codes.FailedPrecondition
+	case errors.Is(err, pool.ErrOutOfRange):
+		code = codes.OutOfRange
+	case errors.Is(err, pool.ErrInvalid):
+		code = codes.InvalidArgument
+	}
+	return status.Error(code, err.Error())
+}
+
+// keyedMutex serialises operations on one volume (or one name) while letting
+// operations on different volumes run in parallel.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*keyLock
+}
+
+type keyLock struct {
+	sync.Mutex
+	refs int
+}
+
+func (k *keyedMutex) lock(key string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyLock{}
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &keyLock{}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
+}

@@ -1,0 +1,144 @@
+package csi
+
+import (
+	"context"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/podvol/podvol/internal/node"
+)
+
+func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	var caps []*csi.NodeServiceCapability
+	for _, t := range []csi.NodeServiceCapability_RPC_Type{
+		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	} {
+		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})
+	}
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{
+		NodeId:             d.cfg.NodeID,
+		MaxVolumesPerNode:  d.cfg.MaxVolumes,
+		AccessibleTopology: d.topology(),
+	}, nil
+}
+
+func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	if err := checkVolumeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if err := d.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	c := req.GetVolumeCapability()
+	if c == nil {
+		return nil, invalid("volume capability is required")
+	}
+	if why := checkCapability(c); why != "" {
+		return nil, invalid("%s", why)
+	}
+	defer d.locks.lock(req.GetVolumeId())()
+	err := d.cfg.Node.Stage(ctx, node.StageRequest{
+		VolumeID:    req.GetVolumeId(),
+		StagingPath: req.GetStagingTargetPath(),
+		Block:       c.GetBlock() != nil,
+		FsType:      c.GetMount().GetFsType(),
+		MountFlags:  c.GetMount().GetMountFlags(),
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	if err := checkVolumeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if err := d.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	defer d.locks.lock(req.GetVolumeId())()
+	if err := d.cfg.Node.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if err := checkVolumeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if err := d.checkPath("target path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
+	c := req.GetVolumeCapability()
+	if c == nil {
+		return nil, invalid("volume capability is required")
+	}
+	if why := checkCapability(c); why != "" {
+		return nil, invalid("%s", why)
+	}
+	if err := d.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	mode := c.GetAccessMode().GetMode()
+	defer d.locks.lock(req.GetVolumeId())()
+	err := d.cfg.Node.Publish(ctx, node.PublishRequest{
+		VolumeID:    req.GetVolumeId(),
+		StagingPath: req.GetStagingTargetPath(),
+		TargetPath:  req.GetTargetPath(),
+		Block:       c.GetBlock() != nil,
+		ReadOnly:    req.GetReadonly() || mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
+		MountFlags:  c.GetMount().GetMountFlags(),
+		Exclusive:   mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if err := checkVolumeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if err := d.checkPath("target path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
+	defer d.locks.lock(req.GetVolumeId())()
+	if err := d.cfg.Node.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	if err := checkVolumeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	// The path is only compared with the ones this volume was staged and
+	// published at, never touched otherwise: an unknown one is NOT_FOUND.
+	if req.GetVolumePath() == "" {
+		return nil, invalid("volume path is required")
+	}
+	if _, err := d.lookup(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	st, err := d.cfg.Node.VolumeStats(req.GetVolumeId(), req.GetVolumePath())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if st.Block {
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: st.TotalBytes}}}, nil
+	}
+	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: st.TotalBytes, Available: st.AvailableBytes, Used: st.UsedBytes},
+		{Unit: csi.VolumeUsage_INODES, Total: st.TotalInodes, Available: st.FreeInodes, Used: st.UsedInodes},
+	}}, nil
+}

@@ -1,0 +1,93 @@
+package device
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// Filesystems podvol formats. Anything else is refused at the edge.
+var Filesystems = map[string]bool{"ext4": true, "xfs": true}
+
+// run executes a command and folds its output into the error, so that a
+// failure says what the tool itself said.
+func run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	err := cmd.Run()
+	if err != nil {
+		var ee *exec.Error
+		if errors.As(err, &ee) {
+			return out.Bytes(), fmt.Errorf("%s is not installed (install util-linux, e2fsprogs and xfsprogs): %w", name, err)
+		}
+		return out.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+	}
+	return out.Bytes(), nil
+}
+
+// Probe returns the filesystem found on dev, "" when the device holds no
+// signature at all. Any other signature (a partition table, LVM, swap) is
+// reported as such, so that podvol never formats over data it does not know.
+func Probe(ctx context.Context, dev string) (string, error) {
+	out, err := run(ctx, "blkid", "-p", "-o", "export", dev)
+	if err != nil {
+		var ee *exec.ExitError
+		// blkid exits 2 when it finds nothing.
+		if errors.As(err, &ee) && ee.ExitCode() == 2 {
+			return "", nil
+		}
+		return "", err
+	}
+	vals := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			vals[k] = v
+		}
+	}
+	if t := vals["TYPE"]; t != "" {
+		return t, nil
+	}
+	if t := vals["PTTYPE"]; t != "" {
+		return "partition-table:" + t, nil
+	}
+	return "unknown", nil
+}
+
+// Format makes a filesystem on dev. Discard is skipped: the image is sparse
+// already, and discarding a large one only costs time.
+func Format(ctx context.Context, dev, fsType string) error {
+	switch fsType {
+	case "ext4":
+		_, err := run(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", dev)
+		return err
+	case "xfs":
+		_, err := run(ctx, "mkfs.xfs", "-q", "-f", "-K", dev)
+		return err
+	}
+	return fmt.Errorf("unsupported filesystem %q", fsType)
+}
+
+// FsckIfNeeded repairs what an unclean shutdown leaves on ext4 before the
+// mount. xfs replays its log at mount time and needs nothing.
+func FsckIfNeeded(ctx context.Context, dev, fsType string) error {
+	if fsType != "ext4" {
+		return nil
+	}
+	_, err := run(ctx, "e2fsck", "-p", dev)
+	var ee *exec.ExitError
+	// 1: errors corrected; both 0 and 1 leave a mountable filesystem.
+	if err != nil && errors.As(err, &ee) && ee.ExitCode() <= 1 {
+		return nil
+	}
+	return err
+}

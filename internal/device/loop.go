@@ -1,0 +1,172 @@
+// Package device acts on the machine: loop devices, filesystems and mounts.
+// It is the only podvol package that issues syscalls with side effects or runs
+// external commands, so that everything above it can be reasoned about as
+// bookkeeping.
+package device
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const loopControl = "/dev/loop-control"
+
+// AttachLoop attaches image to a free loop device and returns the device path.
+// The image is opened without following symlinks so that a link planted in the
+// pool cannot redirect I/O to a file outside it.
+func AttachLoop(image string) (string, error) {
+	img, err := os.OpenFile(image, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open image: %w", err)
+	}
+	defer img.Close()
+
+	ctl, err := os.OpenFile(loopControl, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open %s (is the loop module loaded?): %w", loopControl, err)
+	}
+	defer ctl.Close()
+
+	// LOOP_CTL_GET_FREE and LOOP_CONFIGURE are two steps: another process
+	// (losetup, a second plugin) may take the device in between, which shows
+	// as EBUSY. Retry with a fresh device.
+	var lastErr error
+	for attempt := 0; attempt < 20; attempt++ {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return "", fmt.Errorf("find a free loop device: %w", err)
+		}
+		dev := fmt.Sprintf("/dev/loop%d", n)
+		lf, err := openLoopNode(dev, n)
+		if err != nil {
+			return "", err
+		}
+		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
+		copy(cfg.Info.File_name[:], image)
+		err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
+		lf.Close()
+		if err == nil {
+			return dev, nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return "", fmt.Errorf("configure %s for %s: %w", dev, image, err)
+		}
+		lastErr = err
+		time.Sleep(time.Duration(attempt+1) * 5 * time.Millisecond)
+	}
+	return "", fmt.Errorf("attach %s: every free loop device was taken concurrently: %w", image, lastErr)
+}
+
+// openLoopNode opens the device node, creating it when /dev is not a devtmpfs
+// (some container setups), where a new loop device has no node of its own.
+func openLoopNode(dev string, n int) (*os.File, error) {
+	f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		if err := unix.Mknod(dev, unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(n)))); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("create device node %s: %w", dev, err)
+		}
+		f, err = os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dev, err)
+	}
+	return f, nil
+}
+
+// DetachLoop detaches dev. A device that is still held (mounted) is detached
+// by the kernel when its last user goes; a device that is already free is not
+// an error, so that retries converge.
+func DetachLoop(dev string) error {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dev, err)
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("detach %s: %w", dev, err)
+	}
+	return nil
+}
+
+// LoopDevices maps each attached loop device to its backing file, as the
+// kernel reports it. A backing file that was deleted carries the suffix
+// " (deleted)".
+func LoopDevices() (map[string]string, error) {
+	entries, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(entries))
+	for _, e := range entries {
+		b, err := os.ReadFile(e)
+		if err != nil {
+			continue // detached between the glob and the read
+		}
+		name := filepath.Base(filepath.Dir(filepath.Dir(e)))
+		out["/dev/"+name] = strings.TrimSuffix(string(b), "\n")
+	}
+	return out, nil
+}
+
+// LoopsFor returns the loop devices whose backing file is image, sorted.
+func LoopsFor(image string) ([]string, error) {
+	all, err := LoopDevices()
+	if err != nil {
+		return nil, err
+	}
+	var devs []string
+	for dev, file := range all {
+		if file == image {
+			devs = append(devs, dev)
+		}
+	}
+	sortDevs(devs)
+	return devs, nil
+}
+
+func sortDevs(devs []string) {
+	num := func(d string) int {
+		n, _ := strconv.Atoi(strings.TrimPrefix(d, "/dev/loop"))
+		return n
+	}
+	for i := 1; i < len(devs); i++ {
+		for j := i; j > 0 && num(devs[j]) < num(devs[j-1]); j-- {
+			devs[j], devs[j-1] = devs[j-1], devs[j]
+		}
+	}
+}
+
+// LoopBackingFile returns the backing file of dev, or "" if dev is not an
+// attached loop device.
+func LoopBackingFile(dev string) string {
+	name := filepath.Base(dev)
+	b, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(string(b), "\n")
+}
+
+// DeviceSize returns the size in bytes of a block device.
+func DeviceSize(dev string) (int64, error) {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var size uint64
+	if err := ioctlPtr(f.Fd(), unix.BLKGETSIZE64, &size); err != nil {
+		return 0, fmt.Errorf("size of %s: %w", dev, err)
+	}
+	return int64(size), nil
+}

@@ -1,0 +1,306 @@
+// Package node makes a pool's volumes usable on this machine: it stages them
+// (loop device, filesystem, staging mount), publishes them to the paths kubelet
+// gives (bind mounts) and, after a restart, reconciles what the store says with
+// what the kernel has.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/failpoint"
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
+)
+
+// Node stages and publishes volumes of one pool.
+type Node struct {
+	pool  *pool.Pool
+	store *store.Store
+}
+
+// New returns a Node for p.
+func New(p *pool.Pool) *Node { return &Node{pool: p, store: p.Store()} }
+
+// StageRequest is a validated NodeStageVolume.
+type StageRequest struct {
+	VolumeID    string
+	StagingPath string
+	Block       bool
+	FsType      string // from the capability; "" means the volume's own
+	MountFlags  []string
+}
+
+func (n *Node) volume(id string) (*store.Volume, error) {
+	if !pool.ValidID(id) {
+		return nil, fmt.Errorf("volume %q: malformed id: %w", id, pool.ErrNotFound)
+	}
+	v, err := n.store.Volume(id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("volume %s does not exist on this node: %w", id, pool.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if v.State != store.Ready {
+		return nil, fmt.Errorf("volume %s is %s: %w", id, v.State, pool.ErrNotFound)
+	}
+	return v, nil
+}
+
+// Stage attaches the volume's image to a loop device and, for filesystem
+// access, formats it if it is blank and mounts it at the staging path.
+func (n *Node) Stage(ctx context.Context, r StageRequest) error {
+	v, err := n.volume(r.VolumeID)
+	if err != nil {
+		return err
+	}
+	if s := v.Stage; s != nil && s.State == store.Staged {
+		if s.Path != r.StagingPath || s.Block != r.Block {
+			return fmt.Errorf("volume %s is already staged at %s (block=%v): %w", v.ID, s.Path, s.Block, pool.ErrConflict)
+		}
+		if n.stageIntact(v) {
+			return nil
+		}
+		// The mount or loop device went away under us (reboot, manual
+		// unmount): stage again below.
+	}
+	if r.FsType != "" && r.FsType != v.FsType && !r.Block {
+		return fmt.Errorf("volume %s was created for %s, the capability asks for %s: %w", v.ID, v.FsType, r.FsType, pool.ErrInvalid)
+	}
+	if _, err := n.store.Update(v.ID, func(v *store.Volume) error {
+		v.Stage = &store.Stage{Path: r.StagingPath, Block: r.Block, MountFlags: r.MountFlags, State: store.Staging}
+		return nil
+	}); err != nil {
+		return err
+	}
+	failpoint.Hit("stage-after-record")
+
+	dev, err := n.ensureLoop(v)
+	if err != nil {
+		return n.failStage(v.ID, err)
+	}
+	if _, err := n.store.Update(v.ID, func(v *store.Volume) error {
+		v.Stage.Device = dev
+		return nil
+	}); err != nil {
+		return err
+	}
+	failpoint.Hit("stage-after-loop")
+
+	if !r.Block {
+		if err := n.mountStaging(ctx, v, dev, r.StagingPath, r.MountFlags); err != nil {
+			return n.failStage(v.ID, err)
+		}
+		failpoint.Hit("stage-after-mount")
+	}
+	_, err = n.store.Update(v.ID, func(v *store.Volume) error {
+		v.Stage.State = store.Staged
+		return nil
+	})
+	return err
+}
+
+// failStage undoes a stage that could not complete, so that the volume is
+// left as it was before and the CO's retry starts clean.
+func (n *Node) failStage(id string, cause error) error {
+	v, err := n.store.Volume(id)
+	if err == nil && v.Stage != nil {
+		if err := n.teardownStage(v); err != nil {
+			klog.ErrorS(err, "Rolling back a failed stage", "volume", id)
+		}
+	}
+	return cause
+}
+
+// ensureLoop returns the loop device of the volume's image, attaching one if
+// there is none. Extra devices of the same image (a crash between attach and
+// record) are detached unless mounted.
+func (n *Node) ensureLoop(v *store.Volume) (string, error) {
+	img := n.pool.ImagePath(v.ID)
+	devs, err := device.LoopsFor(img)
+	if err != nil {
+		return "", err
+	}
+	if len(devs) == 0 {
+		dev, err := device.AttachLoop(img)
+		if err != nil {
+			return "", fmt.Errorf("attach volume %s: %w", v.ID, err)
+		}
+		klog.V(2).InfoS("Attached loop device", "volume", v.ID, "device", dev)
+		return dev, nil
+	}
+	keep := devs[0]
+	if v.Stage != nil && slices.Contains(devs, v.Stage.Device) {
+		keep = v.Stage.Device
+	}
+	for _, d := range devs {
+		if d == keep {
+			continue
+		}
+		if mnts, _ := device.MountsOf(d); len(mnts) == 0 {
+			_ = device.DetachLoop(d)
+		}
+	}
+	return keep, nil
+}
+
+func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path string, flags []string) error {
+	if m, err := device.MountedAt(path); err != nil {
+		return err
+	} else if m != nil {
+		if m.Source == dev {
+			return nil
+		}
+		return fmt.Errorf("staging path %s already has %s mounted: %w", path, m.Source, pool.ErrConflict)
+	}
+	found, err := device.Probe(ctx, dev)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", v.ID, err)
+	}
+	switch found {
+	case "":
+		klog.InfoS("Formatting volume", "volume", v.ID, "fsType", v.FsType, "device", dev)
+		if err := device.Format(ctx, dev, v.FsType); err != nil {
+			return fmt.Errorf("format volume %s: %w", v.ID, err)
+		}
+	case v.FsType:
+		if err := device.FsckIfNeeded(ctx, dev, found); err != nil {
+			return fmt.Errorf("check filesystem of volume %s: %w", v.ID, err)
+		}
+	default:
+		return fmt.Errorf("volume %s holds %s, not %s: refusing to mount or format it: %w", v.ID, found, v.FsType, pool.ErrInvalid)
+	}
+	if err := os.MkdirAll(path, 0o750); err != nil {
+		return fmt.Errorf("create staging path: %w", err)
+	}
+	if err := device.Mount(ctx, dev, path, v.FsType, flags); err != nil {
+		return fmt.Errorf("mount volume %s: %w", v.ID, err)
+	}
+	return nil
+}
+
+// stageIntact reports whether the recorded stage still exists in the kernel.
+func (n *Node) stageIntact(v *store.Volume) bool {
+	s := v.Stage
+	if device.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
+		return false
+	}
+	if s.Block {
+		return true
+	}
+	m, err := device.MountedAt(s.Path)
+	return err == nil && m != nil && m.Source == s.Device
+}
+
+// Unstage unmounts the staging path and detaches the loop device.
+func (n *Node) Unstage(ctx context.Context, id, stagingPath string) error {
+	v, err := n.volume(id)
+	if err != nil {
+		return err
+	}
+	if v.Stage == nil {
+		return nil
+	}
+	if v.Stage.Path != stagingPath {
+		return fmt.Errorf("volume %s is staged at %s, not %s: %w", id, v.Stage.Path, stagingPath, pool.ErrNotFound)
+	}
+	if live := n.livePublications(v); len(live) > 0 {
+		return fmt.Errorf("volume %s is still published at %s: unpublish it first: %w", id, strings.Join(live, ", "), pool.ErrInUse)
+	}
+	return n.teardownStage(v)
+}
+
+// teardownStage is idempotent: each step succeeds when already done, and the
+// record goes last.
+func (n *Node) teardownStage(v *store.Volume) error {
+	s := v.Stage
+	if !s.Block {
+		if m, err := device.MountedAt(s.Path); err != nil {
+			return err
+		} else if m != nil && (m.Source == s.Device || device.LoopBackingFile(m.Source) == n.pool.ImagePath(v.ID)) {
+			if err := device.Unmount(s.Path); err != nil {
+				return err
+			}
+		}
+	}
+	devs, err := device.LoopsFor(n.pool.ImagePath(v.ID))
+	if err != nil {
+		return err
+	}
+	for _, d := range devs {
+		if mnts, _ := device.MountsOf(d); len(mnts) > 0 {
+			return fmt.Errorf("volume %s: %s is still mounted at %s: %w", v.ID, d, strings.Join(mnts, ", "), pool.ErrInUse)
+		}
+		if err := device.DetachLoop(d); err != nil {
+			return err
+		}
+	}
+	_, err = n.store.Update(v.ID, func(v *store.Volume) error {
+		v.Stage = nil
+		v.Publications = nil
+		return nil
+	})
+	return err
+}
+
+// livePublications drops publication records whose target is no longer
+// mounted (a reboot, or a kubelet that cleaned up without us) and returns the
+// targets that are.
+func (n *Node) livePublications(v *store.Volume) []string {
+	var live, stale []string
+	for t := range v.Publications {
+		if m, _ := device.MountedAt(t); m != nil {
+			live = append(live, t)
+		} else {
+			stale = append(stale, t)
+		}
+	}
+	if len(stale) > 0 {
+		_, _ = n.store.Update(v.ID, func(v *store.Volume) error {
+			for _, t := range stale {
+				delete(v.Publications, t)
+			}
+			return nil
+		})
+	}
+	slices.Sort(live)
+	return live
+}
+
+// isDir reports whether path is an existing directory (not following a final
+// symlink).
+func isDir(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.IsDir()
+}
+
+// removeTarget removes the file or empty directory at a target path. It is
+// called only after the path was verified not to be a mount point.
+func removeTarget(path string) error {
+	err := os.Remove(path)
+	if err == nil || errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("target %s is not a mount point and not empty: leaving it alone: %w", path, pool.ErrInvalid)
+	}
+	return fmt.Errorf("remove target %s: %w", path, err)
+}
+
+// parentExists checks what the CSI spec makes the CO responsible for.
+func parentExists(path string) error {
+	if !isDir(filepath.Dir(path)) {
+		return fmt.Errorf("parent directory of %s does not exist: %w", path, pool.ErrNotFound)
+	}
+	return nil
+}

@@ -1,0 +1,184 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/failpoint"
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
+)
+
+// PublishRequest is a validated NodePublishVolume.
+type PublishRequest struct {
+	VolumeID    string
+	StagingPath string
+	TargetPath  string
+	Block       bool
+	ReadOnly    bool
+	MountFlags  []string
+	// Exclusive is ReadWriteOncePod (SINGLE_NODE_SINGLE_WRITER): the volume
+	// may be published at one target only.
+	Exclusive bool
+}
+
+// bindFlags are the per-mount flags a bind mount can carry. Filesystem
+// options (discard, errors=...) were applied at the staging mount.
+var bindFlags = []string{"ro", "nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime", "lazytime"}
+
+// Publish bind-mounts the staged volume (or its device node) at the target.
+func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
+	v, err := n.volume(r.VolumeID)
+	if err != nil {
+		return err
+	}
+	s := v.Stage
+	if s == nil || s.State != store.Staged || s.Path != r.StagingPath {
+		return fmt.Errorf("volume %s is not staged at %s: call NodeStageVolume first: %w", v.ID, r.StagingPath, pool.ErrInUse)
+	}
+	if s.Block != r.Block {
+		return fmt.Errorf("volume %s is staged for %s access, publish asks for %s: %w", v.ID, accessName(s.Block), accessName(r.Block), pool.ErrInvalid)
+	}
+	if p, ok := v.Publications[r.TargetPath]; ok && p.State == store.Published {
+		if p.ReadOnly != r.ReadOnly || (p.AccessMode == 1) != r.Exclusive {
+			return fmt.Errorf("volume %s is already published at %s with other options: %w", v.ID, r.TargetPath, pool.ErrConflict)
+		}
+		if m, _ := device.MountedAt(r.TargetPath); m != nil {
+			return nil
+		}
+	}
+	for t, p := range v.Publications {
+		if t == r.TargetPath {
+			continue
+		}
+		if r.Exclusive || p.AccessMode == 1 {
+			if m, _ := device.MountedAt(t); m != nil {
+				return fmt.Errorf("volume %s is ReadWriteOncePod and already published at %s: %w", v.ID, t, pool.ErrInUse)
+			}
+		}
+	}
+	if err := parentExists(r.TargetPath); err != nil {
+		return err
+	}
+
+	mode := int32(0)
+	if r.Exclusive {
+		mode = 1
+	}
+	if _, err := n.store.Update(v.ID, func(v *store.Volume) error {
+		if v.Publications == nil {
+			v.Publications = map[string]*store.Publication{}
+		}
+		v.Publications[r.TargetPath] = &store.Publication{Block: r.Block, ReadOnly: r.ReadOnly, AccessMode: mode, State: store.Publishing}
+		return nil
+	}); err != nil {
+		return err
+	}
+	failpoint.Hit("publish-after-record")
+
+	if err := n.bind(ctx, v, r); err != nil {
+		_, _ = n.store.Update(v.ID, func(v *store.Volume) error {
+			delete(v.Publications, r.TargetPath)
+			return nil
+		})
+		return err
+	}
+	_, err = n.store.Update(v.ID, func(v *store.Volume) error {
+		v.Publications[r.TargetPath].State = store.Published
+		return nil
+	})
+	return err
+}
+
+func (n *Node) bind(ctx context.Context, v *store.Volume, r PublishRequest) error {
+	source := v.Stage.Path
+	if r.Block {
+		source = v.Stage.Device
+		// The target of a block publish is a file for the device node
+		// to be bound onto.
+		f, err := os.OpenFile(r.TargetPath, os.O_CREATE|os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o640)
+		if err != nil {
+			return fmt.Errorf("create target file: %w", err)
+		}
+		f.Close()
+	} else if err := os.Mkdir(r.TargetPath, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create target directory: %w", err)
+	}
+	if m, err := device.MountedAt(r.TargetPath); err != nil {
+		return err
+	} else if m != nil {
+		return fmt.Errorf("target %s already has %s mounted: %w", r.TargetPath, m.Source, pool.ErrConflict)
+	}
+	opts := []string{"bind"}
+	if r.ReadOnly {
+		opts = append(opts, "ro")
+	}
+	for _, f := range r.MountFlags {
+		if slices.Contains(bindFlags, f) && !slices.Contains(opts, f) {
+			opts = append(opts, f)
+		}
+	}
+	if err := device.Mount(ctx, source, r.TargetPath, "", opts); err != nil {
+		return fmt.Errorf("publish volume %s at %s: %w", v.ID, r.TargetPath, err)
+	}
+	return nil
+}
+
+func accessName(block bool) string {
+	if block {
+		return "block"
+	}
+	return "filesystem"
+}
+
+// Unpublish unmounts the target and removes it. A target that holds nothing
+// of the volume is already unpublished: kubelet retries an error forever
+// (kubernetes#90752), so only a real failure is reported.
+func (n *Node) Unpublish(ctx context.Context, id, target string) error {
+	v, err := n.volume(id)
+	if err != nil && !errors.Is(err, pool.ErrNotFound) {
+		return err
+	}
+	m, merr := device.MountedAt(target)
+	if merr != nil {
+		return merr
+	}
+	if v == nil {
+		if m != nil {
+			return fmt.Errorf("volume %s does not exist here, yet %s is mounted at %s: leaving it alone: %w", id, m.Source, target, pool.ErrNotFound)
+		}
+		return removeTarget(target)
+	}
+	if m != nil {
+		if _, ours := v.Publications[target]; !ours && !n.mountIsVolume(v, m) {
+			return fmt.Errorf("%s has %s mounted, which is not volume %s: leaving it alone: %w", target, m.Source, id, pool.ErrInvalid)
+		}
+		if err := device.Unmount(target); err != nil {
+			return err
+		}
+	}
+	if err := removeTarget(target); err != nil {
+		return err
+	}
+	_, err = n.store.Update(v.ID, func(v *store.Volume) error {
+		delete(v.Publications, target)
+		return nil
+	})
+	return err
+}
+
+// mountIsVolume reports whether a mount is a bind of this volume's staging
+// mount or device node.
+func (n *Node) mountIsVolume(v *store.Volume, m *device.MountAt) bool {
+	if v.Stage == nil {
+		return false
+	}
+	return m.Source == v.Stage.Device || strings.TrimPrefix(m.Root, "/") == strings.TrimPrefix(v.Stage.Device, "/dev/")
+}

@@ -1,0 +1,103 @@
+package node
+
+import (
+	"context"
+	"errors"
+
+	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/store"
+)
+
+// Recover reconciles the store with the kernel after a restart: stages caught
+// half-way are rolled back (kubelet retries them), finished stages get their
+// loop device and staging mount back if a reboot took them, publications whose
+// mount is gone are forgotten, and loop devices of pool images that no stage
+// owns are detached.
+func (n *Node) Recover(ctx context.Context) error {
+	vols, err := n.store.Volumes()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	owned := map[string]bool{}
+	for _, v := range vols {
+		if v.Stage == nil {
+			continue
+		}
+		switch v.Stage.State {
+		case store.Staging:
+			klog.InfoS("Rolling back interrupted stage", "volume", v.ID, "stagingPath", v.Stage.Path)
+			if err := n.teardownStage(v); err != nil {
+				errs = append(errs, err)
+			}
+		case store.Staged:
+			dev, err := n.restoreStage(ctx, v)
+			if err != nil {
+				klog.ErrorS(err, "Could not restore staged volume; kubelet's next NodeStageVolume will retry", "volume", v.ID)
+				errs = append(errs, err)
+			}
+			owned[dev] = true
+		}
+	}
+	// Publications caught half-way: keep the ones whose mount exists.
+	for _, v := range vols {
+		if v.Stage == nil || v.Stage.State != store.Staged {
+			continue
+		}
+		n.livePublications(v)
+		_, err := n.store.Update(v.ID, func(v *store.Volume) error {
+			for t, p := range v.Publications {
+				if p.State == store.Publishing {
+					p.State = store.Published
+					klog.InfoS("Completed interrupted publish", "volume", v.ID, "target", t)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	loops, err := device.LoopDevices()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for dev, backing := range loops {
+		if _, ours := n.pool.ImageBacked(backing); !ours || owned[dev] {
+			continue
+		}
+		if mnts, _ := device.MountsOf(dev); len(mnts) > 0 {
+			klog.InfoS("Leaving mounted loop device that no stage records", "device", dev, "backing", backing, "mounts", mnts)
+			continue
+		}
+		klog.InfoS("Detaching loop device that no stage owns", "device", dev, "backing", backing)
+		if err := device.DetachLoop(dev); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// restoreStage makes a staged volume's loop device and mount exist again.
+func (n *Node) restoreStage(ctx context.Context, v *store.Volume) (string, error) {
+	if n.stageIntact(v) {
+		return v.Stage.Device, nil
+	}
+	dev, err := n.ensureLoop(v)
+	if err != nil {
+		return "", err
+	}
+	if _, err := n.store.Update(v.ID, func(v *store.Volume) error {
+		v.Stage.Device = dev
+		return nil
+	}); err != nil {
+		return dev, err
+	}
+	if v.Stage.Block || !isDir(v.Stage.Path) {
+		return dev, nil
+	}
+	klog.InfoS("Restoring staging mount", "volume", v.ID, "device", dev, "stagingPath", v.Stage.Path)
+	return dev, n.mountStaging(ctx, v, dev, v.Stage.Path, v.Stage.MountFlags)
+}

@@ -1,0 +1,44 @@
+package node
+
+import (
+	"fmt"
+
+	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/pool"
+)
+
+// Stats is what NodeGetVolumeStats reports.
+type Stats struct {
+	Block bool
+	device.FSStats
+}
+
+// VolumeStats reports usage of a volume at one of its staging or target
+// paths; any other path is refused.
+func (n *Node) VolumeStats(id, path string) (Stats, error) {
+	v, err := n.volume(id)
+	if err != nil {
+		return Stats{}, err
+	}
+	s := v.Stage
+	_, published := v.Publications[path]
+	if s == nil || (!published && s.Path != path) {
+		return Stats{}, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, pool.ErrNotFound)
+	}
+	if s.Block {
+		size, err := device.DeviceSize(s.Device)
+		if err != nil {
+			return Stats{}, err
+		}
+		return Stats{Block: true, FSStats: device.FSStats{TotalBytes: size}}, nil
+	}
+	m, err := device.MountedAt(path)
+	if err != nil {
+		return Stats{}, err
+	}
+	if m == nil {
+		return Stats{}, fmt.Errorf("volume %s: %s is not mounted any more: %w", id, path, pool.ErrNotFound)
+	}
+	fs, err := device.Statfs(path)
+	return Stats{FSStats: fs}, err
+}

@@ -1,0 +1,375 @@
+// Package pool keeps the volumes of one node as sparse image files in a pool
+// directory: it creates, sizes and deletes them, and accounts for capacity.
+// It never mounts; the node package does that with the images it hands out.
+package pool
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/failpoint"
+	"github.com/podvol/podvol/internal/store"
+)
+
+const (
+	MiB = int64(1) << 20
+	GiB = int64(1) << 30
+
+	// DefaultVolumeSize is used when a request names no size.
+	DefaultVolumeSize = 1 * GiB
+	// MaxNameLength bounds CSI names (Kubernetes names are at most 253).
+	MaxNameLength = 512
+)
+
+// MinSize is the smallest volume each filesystem can be made on. mkfs.xfs
+// refuses anything under 300 MiB since xfsprogs 5.19.
+func MinSize(fsType string) int64 {
+	if fsType == "xfs" {
+		return 300 * MiB
+	}
+	return 16 * MiB
+}
+
+var idPattern = regexp.MustCompile(`^pv-[0-9a-f]{24}$`)
+
+// ValidID reports whether id has the shape of an id this pool hands out.
+// Anything else cannot name a volume here, and is never joined to a path.
+func ValidID(id string) bool { return idPattern.MatchString(id) }
+
+// Config is what the pool needs to know.
+type Config struct {
+	Dir string
+	// Capacity in bytes; 0 takes the size of the filesystem holding Dir.
+	Capacity int64
+}
+
+// Pool is one node's volume pool.
+type Pool struct {
+	dir      string
+	volDir   string
+	capacity int64
+	store    *store.Store
+
+	// mu serialises the capacity check with the creation it admits.
+	mu sync.Mutex
+}
+
+// Open opens or initialises the pool at cfg.Dir.
+func Open(cfg Config) (*Pool, error) {
+	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
+		return nil, fmt.Errorf("pool directory %q must be an absolute path", cfg.Dir)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create pool directory: %w", err)
+	}
+	// Resolve once, so that every path handed to the kernel (and compared
+	// with what /sys reports for a loop device) is canonical.
+	dir, err := filepath.EvalSymlinks(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("resolve pool directory: %w", err)
+	}
+	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes")}
+	if err := mkdirNoSymlink(p.volDir); err != nil {
+		return nil, err
+	}
+	p.capacity = cfg.Capacity
+	if p.capacity == 0 {
+		fs, err := device.Statfs(dir)
+		if err != nil {
+			return nil, err
+		}
+		p.capacity = fs.TotalBytes
+	}
+	if p.store, err = store.Open(filepath.Join(dir, "podvol.db")); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// mkdirNoSymlink creates dir, refusing a symlink planted in its place.
+func mkdirNoSymlink(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s must be a directory, found %s: %w", dir, fi.Mode().Type(), ErrUnusable)
+	}
+	return nil
+}
+
+// Close closes the metadata store.
+func (p *Pool) Close() error { return p.store.Close() }
+
+// Store gives the node package access to volume records.
+func (p *Pool) Store() *store.Store { return p.store }
+
+// Dir is the canonical pool directory.
+func (p *Pool) Dir() string { return p.dir }
+
+// ImagePath returns the image file of a volume. id must be ValidID.
+func (p *Pool) ImagePath(id string) string { return filepath.Join(p.volDir, id+".img") }
+
+// Capacity returns the configured capacity and what volumes take of it.
+func (p *Pool) Capacity() (total, allocated int64, err error) {
+	vols, err := p.store.Volumes()
+	if err != nil {
+		return 0, 0, err
+	}
+	return p.capacity, allocatedBy(vols), nil
+}
+
+func allocatedBy(vols []*store.Volume) int64 {
+	var n int64
+	for _, v := range vols {
+		n += v.SizeBytes
+	}
+	return n
+}
+
+// Check reports why the pool cannot serve, or nil: the directory must be
+// there and writable and the store readable.
+func (p *Pool) Check() error {
+	if err := unix.Access(p.volDir, unix.W_OK); err != nil {
+		return fmt.Errorf("pool %s is not writable: %w: %w", p.volDir, err, ErrUnusable)
+	}
+	if _, err := p.store.Volumes(); err != nil {
+		return fmt.Errorf("metadata store: %w: %w", err, ErrUnusable)
+	}
+	return nil
+}
+
+// CreateRequest is a validated CreateVolume.
+type CreateRequest struct {
+	Name       string
+	SizeBytes  int64
+	FsType     string
+	Parameters map[string]string
+}
+
+// CreateVolume creates a volume, or returns the existing one of that name if
+// it has the same size and parameters.
+func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume, error) {
+	v, err := p.store.VolumeByName(r.Name)
+	switch {
+	case err == nil:
+		if v.SizeBytes != r.SizeBytes || v.FsType != r.FsType || !maps.Equal(v.Parameters, r.Parameters) {
+			return nil, fmt.Errorf("volume %q (%s, %d bytes, %s): %w", r.Name, v.ID, v.SizeBytes, v.FsType, ErrConflict)
+		}
+		if v.State == store.Ready {
+			return v, nil
+		}
+		if v.State == store.Deleting {
+			return nil, fmt.Errorf("volume %q is being deleted: %w", r.Name, ErrInUse)
+		}
+		return p.finishCreate(v)
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
+	}
+
+	v = &store.Volume{
+		ID:         newID(),
+		Name:       r.Name,
+		SizeBytes:  r.SizeBytes,
+		FsType:     r.FsType,
+		Parameters: r.Parameters,
+		State:      store.Creating,
+		Created:    time.Now().UTC(),
+	}
+	p.mu.Lock()
+	err = p.store.Create(v, func(existing []*store.Volume) error {
+		if free := p.capacity - allocatedBy(existing); r.SizeBytes > free {
+			return fmt.Errorf("requested %d bytes, %d of %d free: %w", r.SizeBytes, max(free, 0), p.capacity, ErrNoSpace)
+		}
+		return nil
+	})
+	p.mu.Unlock()
+	if store.IsExists(err) {
+		return nil, fmt.Errorf("volume %q is being created concurrently: %w", r.Name, ErrInUse)
+	}
+	if err != nil {
+		return nil, err
+	}
+	failpoint.Hit("create-after-record")
+	return p.finishCreate(v)
+}
+
+func (p *Pool) finishCreate(v *store.Volume) (*store.Volume, error) {
+	if err := makeImage(p.ImagePath(v.ID), v.SizeBytes); err != nil {
+		// Leave nothing behind: the record goes with the image.
+		p.removeVolume(v.ID)
+		return nil, err
+	}
+	failpoint.Hit("create-after-image")
+	return p.store.Update(v.ID, func(v *store.Volume) error {
+		v.State = store.Ready
+		return nil
+	})
+}
+
+// makeImage creates a sparse file of size bytes. An image left by a crashed
+// attempt for the same id is reused.
+func makeImage(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create image: %w", err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		return fmt.Errorf("size image %s to %d bytes: %w", path, size, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync image: %w", err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func newID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return "pv-" + hex.EncodeToString(b)
+}
+
+// DeleteVolume deletes a volume and its image. A volume that does not exist
+// is already deleted. A staged or published volume is in use.
+func (p *Pool) DeleteVolume(ctx context.Context, id string) error {
+	if !ValidID(id) {
+		return nil
+	}
+	v, err := p.store.Volume(id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if v.Stage != nil || len(v.Publications) > 0 {
+		where := ""
+		if v.Stage != nil {
+			where = " at " + v.Stage.Path
+		}
+		return fmt.Errorf("volume %s is staged%s: unstage it first: %w", id, where, ErrInUse)
+	}
+	if _, err := p.store.Update(id, func(v *store.Volume) error {
+		v.State = store.Deleting
+		return nil
+	}); err != nil {
+		return err
+	}
+	failpoint.Hit("delete-after-mark")
+	return p.removeVolume(id)
+}
+
+// removeVolume detaches any loop device left on the image, removes the image
+// and then the record, in that order, so that a crash in between is finished
+// by Recover.
+func (p *Pool) removeVolume(id string) error {
+	img := p.ImagePath(id)
+	if err := detachUnused(img); err != nil {
+		return fmt.Errorf("volume %s: %w", id, err)
+	}
+	if err := os.Remove(img); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove image: %w", err)
+	}
+	failpoint.Hit("delete-after-image")
+	return p.store.Delete(id)
+}
+
+// detachUnused detaches loop devices of img that nothing has mounted. A
+// mounted one means the volume is in use after all.
+func detachUnused(img string) error {
+	devs, err := device.LoopsFor(img)
+	if err != nil {
+		return err
+	}
+	for _, dev := range devs {
+		mnts, err := device.MountsOf(dev)
+		if err != nil {
+			return err
+		}
+		if len(mnts) > 0 {
+			return fmt.Errorf("%s is mounted at %s: %w", dev, strings.Join(mnts, ", "), ErrInUse)
+		}
+		if err := device.DetachLoop(dev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Recover finishes what a crash interrupted: volumes caught being created are
+// rolled back (the CO retries the creation), volumes caught being deleted are
+// deleted, and image files that no record names are removed.
+func (p *Pool) Recover(ctx context.Context) error {
+	vols, err := p.store.Volumes()
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	var errs []error
+	for _, v := range vols {
+		known[v.ID+".img"] = true
+		if v.State == store.Creating || v.State == store.Deleting {
+			klog.InfoS("Recovering interrupted operation", "volume", v.ID, "name", v.Name, "state", v.State)
+			if err := p.removeVolume(v.ID); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	entries, err := os.ReadDir(p.volDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if known[e.Name()] {
+			continue
+		}
+		path := filepath.Join(p.volDir, e.Name())
+		klog.InfoS("Removing image that no volume owns", "path", path)
+		if err := detachUnused(path); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := os.Remove(path); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ImageBacked reports whether a loop device's backing file (as /sys shows it)
+// is an image of this pool, and returns the volume id.
+func (p *Pool) ImageBacked(backing string) (string, bool) {
+	backing = strings.TrimSuffix(backing, " (deleted)")
+	if filepath.Dir(backing) != p.volDir {
+		return "", false
+	}
+	id := strings.TrimSuffix(filepath.Base(backing), ".img")
+	return id, ValidID(id)
+}

@@ -1,0 +1,243 @@
+// Package store is podvol's crash-safe metadata: the one place that knows
+// which volumes exist and what state each is in on this node. Every change is
+// committed (fsync'd) before the action it describes, so that after a crash
+// the plugin can finish or roll back whatever was under way.
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// ErrNotFound is returned for a volume the store does not know.
+var ErrNotFound = errors.New("not found")
+
+var (
+	bucketVolumes = []byte("volumes")
+	bucketNames   = []byte("volume-names")
+)
+
+// Volume states. A volume is written as Creating before its image exists and
+// as Deleting before its image goes, so a restart knows what to clean up.
+const (
+	Creating = "creating"
+	Ready    = "ready"
+	Deleting = "deleting"
+)
+
+// Stage states: Staging is written before the loop device and the mount are
+// made, Staged once both exist.
+const (
+	Staging = "staging"
+	Staged  = "staged"
+)
+
+// Publish states, likewise.
+const (
+	Publishing = "publishing"
+	Published  = "published"
+)
+
+// Volume is one volume of this node's pool.
+type Volume struct {
+	ID         string            `json:"id"`
+	Name       string            `json:"name"`
+	SizeBytes  int64             `json:"sizeBytes"`
+	FsType     string            `json:"fsType"`
+	Parameters map[string]string `json:"parameters,omitempty"`
+	State      string            `json:"state"`
+	Created    time.Time         `json:"created"`
+
+	Stage        *Stage                  `json:"stage,omitempty"`
+	Publications map[string]*Publication `json:"publications,omitempty"`
+}
+
+// Stage records a NodeStageVolume: the loop device and, for filesystem
+// volumes, the staging mount.
+type Stage struct {
+	Path       string   `json:"path"`
+	Device     string   `json:"device,omitempty"`
+	Block      bool     `json:"block,omitempty"`
+	MountFlags []string `json:"mountFlags,omitempty"`
+	State      string   `json:"state"`
+}
+
+// Publication records a NodePublishVolume at one target path.
+type Publication struct {
+	Block      bool   `json:"block,omitempty"`
+	ReadOnly   bool   `json:"readOnly,omitempty"`
+	AccessMode int32  `json:"accessMode"`
+	State      string `json:"state"`
+}
+
+// Store is the metadata database in the pool.
+type Store struct {
+	db *bolt.DB
+}
+
+// Open opens (creating if needed) the database at path. A second plugin on
+// the same pool fails here rather than corrupting the first one's state.
+func Open(path string) (*Store, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("open %s: locked: another podvol-plugin is using this pool", path)
+		}
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketVolumes, bucketNames} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("initialise %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close releases the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Volume returns the volume with id.
+func (s *Store) Volume(id string) (*Volume, error) {
+	var v *Volume
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		v, err = getVolume(tx, id)
+		return err
+	})
+	return v, err
+}
+
+// VolumeByName returns the volume created under the CSI name.
+func (s *Store) VolumeByName(name string) (*Volume, error) {
+	var v *Volume
+	err := s.db.View(func(tx *bolt.Tx) error {
+		id := tx.Bucket(bucketNames).Get([]byte(name))
+		if id == nil {
+			return ErrNotFound
+		}
+		var err error
+		v, err = getVolume(tx, string(id))
+		return err
+	})
+	return v, err
+}
+
+// Volumes returns every volume, ordered by id.
+func (s *Store) Volumes() ([]*Volume, error) {
+	var out []*Volume
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketVolumes).ForEach(func(k, val []byte) error {
+			v := &Volume{}
+			if err := json.Unmarshal(val, v); err != nil {
+				return fmt.Errorf("decode volume %s: %w", k, err)
+			}
+			out = append(out, v)
+			return nil
+		})
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, err
+}
+
+// Create stores a new volume. It fails if the name is taken, so that two
+// concurrent creations of one name cannot both proceed. check runs inside the
+// same transaction with every existing volume, for capacity decisions that
+// must not race with another creation.
+func (s *Store) Create(v *Volume, check func(existing []*Volume) error) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketNames).Get([]byte(v.Name)) != nil {
+			return fmt.Errorf("volume name %q: %w", v.Name, errExists)
+		}
+		if check != nil {
+			var all []*Volume
+			err := tx.Bucket(bucketVolumes).ForEach(func(k, val []byte) error {
+				e := &Volume{}
+				if err := json.Unmarshal(val, e); err != nil {
+					return err
+				}
+				all = append(all, e)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if err := check(all); err != nil {
+				return err
+			}
+		}
+		if err := tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
+			return err
+		}
+		return putVolume(tx, v)
+	})
+}
+
+var errExists = errors.New("already exists")
+
+// IsExists reports whether err came from Create finding the name taken.
+func IsExists(err error) bool { return errors.Is(err, errExists) }
+
+// Update reads the volume, lets fn change it and writes it back, atomically.
+func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
+	var v *Volume
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		var err error
+		if v, err = getVolume(tx, id); err != nil {
+			return err
+		}
+		if err := fn(v); err != nil {
+			return err
+		}
+		return putVolume(tx, v)
+	})
+	return v, err
+}
+
+// Delete forgets the volume.
+func (s *Store) Delete(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		v, err := getVolume(tx, id)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketNames).Delete([]byte(v.Name)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketVolumes).Delete([]byte(id))
+	})
+}
+
+func getVolume(tx *bolt.Tx, id string) (*Volume, error) {
+	b := tx.Bucket(bucketVolumes).Get([]byte(id))
+	if b == nil {
+		return nil, ErrNotFound
+	}
+	v := &Volume{}
+	if err := json.Unmarshal(b, v); err != nil {
+		return nil, fmt.Errorf("decode volume %s: %w", id, err)
+	}
+	return v, nil
+}
+
+func putVolume(tx *bolt.Tx, v *Volume) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketVolumes).Put([]byte(v.ID), b)
+}

@@ -1,0 +1,272 @@
+// Package plugintest runs the real podvol-plugin binary for tests: built once
+// per test binary, started as its own process on a unix socket, stopped by PID,
+// and checked afterwards for anything it left on the machine.
+package plugintest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+// Binary builds podvol-plugin (once per test process) and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "podvol-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "podvol-plugin")
+		cmd := exec.Command("go", "build", "-o", binary, "github.com/podvol/podvol/cmd/podvol-plugin")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build podvol-plugin: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
+}
+
+// RequireRoot skips nothing: podvol's tests need loop devices and mounts, and
+// a run without them must fail loudly rather than pass hollow.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("these tests attach loop devices and mount filesystems: run them as root (make test does)")
+	}
+}
+
+// Options configures one plugin process.
+type Options struct {
+	Dir      string // test directory: pool, socket and logs go below it
+	NodeID   string
+	Capacity string
+	Env      []string // e.g. PODVOL_FAILPOINTS=...
+	Args     []string
+}
+
+// Plugin is a running podvol-plugin.
+type Plugin struct {
+	t        testing.TB
+	opts     Options
+	cmd      *exec.Cmd
+	waitDone chan struct{}
+	log      *bytes.Buffer
+	Endpoint string
+	Socket   string
+	PoolDir  string
+	conn     *grpc.ClientConn
+}
+
+// Start starts the plugin and waits until it answers Probe.
+func Start(t testing.TB, o Options) *Plugin {
+	t.Helper()
+	if o.NodeID == "" {
+		o.NodeID = "node-1"
+	}
+	if o.Capacity == "" {
+		o.Capacity = "200Gi"
+	}
+	p := &Plugin{t: t, opts: o, PoolDir: filepath.Join(o.Dir, "pool"), Socket: filepath.Join(o.Dir, "csi.sock")}
+	p.Endpoint = "unix://" + p.Socket
+	p.start()
+	return p
+}
+
+func (p *Plugin) start() {
+	t := p.t
+	t.Helper()
+	args := append([]string{"--endpoint", p.Endpoint, "--node-id", p.opts.NodeID, "--pool-dir", p.PoolDir, "--capacity", p.opts.Capacity, "-v=2"}, p.opts.Args...)
+	p.cmd = exec.Command(Binary(t), args...)
+	p.cmd.Env = append(os.Environ(), p.opts.Env...)
+	p.log = &bytes.Buffer{}
+	p.cmd.Stdout = p.log
+	p.cmd.Stderr = p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start podvol-plugin: %v", err)
+	}
+	p.waitDone = make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(p.waitDone) }()
+	t.Cleanup(p.Stop)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case <-p.waitDone:
+			t.Fatalf("podvol-plugin exited during start-up:\n%s", p.log.String())
+		default:
+		}
+		if _, err := os.Stat(p.Socket); err == nil {
+			if _, err := p.Identity().Probe(context.Background(), &csi.ProbeRequest{}); err == nil {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("podvol-plugin did not answer Probe within 30s:\n%s", p.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Conn is a gRPC connection to the plugin (re-dialled after a restart).
+func (p *Plugin) Conn() *grpc.ClientConn {
+	if p.conn == nil {
+		c, err := grpc.NewClient("unix://"+p.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			p.t.Fatalf("dial plugin: %v", err)
+		}
+		p.conn = c
+	}
+	return p.conn
+}
+
+func (p *Plugin) Identity() csi.IdentityClient     { return csi.NewIdentityClient(p.Conn()) }
+func (p *Plugin) Controller() csi.ControllerClient { return csi.NewControllerClient(p.Conn()) }
+func (p *Plugin) Node() csi.NodeClient             { return csi.NewNodeClient(p.Conn()) }
+
+// Log is what the plugin printed so far.
+func (p *Plugin) Log() string { return p.log.String() }
+
+// Exited reports whether the process has ended (e.g. at a failpoint).
+func (p *Plugin) Exited() bool {
+	select {
+	case <-p.waitDone:
+		return true
+	default:
+		return false
+	}
+}
+
+// WaitExit waits for the process to end by itself, as at a failpoint.
+func (p *Plugin) WaitExit(d time.Duration) bool {
+	select {
+	case <-p.waitDone:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// Kill sends SIGKILL to the plugin's PID and waits for it.
+func (p *Plugin) Kill() {
+	if p.conn != nil {
+		p.conn.Close()
+		p.conn = nil
+	}
+	if !p.Exited() {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	}
+	<-p.waitDone
+}
+
+// Stop ends the plugin gracefully (SIGTERM, then SIGKILL after 10s).
+func (p *Plugin) Stop() {
+	if p.conn != nil {
+		p.conn.Close()
+		p.conn = nil
+	}
+	if p.Exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.waitDone:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.waitDone
+	}
+}
+
+// Restart starts the plugin again with the same pool, with env replaced.
+func (p *Plugin) Restart(env ...string) {
+	p.Kill()
+	p.opts.Env = env
+	p.start()
+}
+
+// Leftovers lists loop devices backed by files below dir and mounts below dir.
+func Leftovers(dir string) (loops, mounts []string) {
+	ents, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, e := range ents {
+		b, err := os.ReadFile(e)
+		if err != nil {
+			continue
+		}
+		if f := strings.TrimSpace(string(b)); strings.HasPrefix(f, dir+"/") {
+			loops = append(loops, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(e)))+" ("+f+")")
+		}
+	}
+	ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	for _, m := range ms {
+		mounts = append(mounts, m.Mountpoint)
+	}
+	return loops, mounts
+}
+
+// TempDir returns a test directory that is checked for leftovers and cleaned
+// of them when the test ends: a leak fails the test, then is undone so that
+// the machine is left as it was.
+func TempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "podvol-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ = filepath.EvalSymlinks(dir)
+	t.Cleanup(func() {
+		loops, mounts := Leftovers(dir)
+		if len(loops)+len(mounts) > 0 {
+			t.Errorf("left behind: loop devices %v, mounts %v", loops, mounts)
+		}
+		ForceClean(dir)
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("remove test dir: %v", err)
+		}
+	})
+	return dir
+}
+
+// ForceClean unmounts everything below dir and detaches loop devices backed
+// by files below it.
+func ForceClean(dir string) {
+	for i := 0; i < 5; i++ {
+		_, mounts := Leftovers(dir)
+		if len(mounts) == 0 {
+			break
+		}
+		for j := len(mounts) - 1; j >= 0; j-- {
+			_ = syscall.Unmount(mounts[j], syscall.MNT_DETACH)
+		}
+	}
+	loops, _ := Leftovers(dir)
+	for _, l := range loops {
+		dev := strings.Fields(l)[0]
+		if f, err := os.Open(dev); err == nil {
+			_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), 0x4C01, 0) // LOOP_CLR_FD
+			f.Close()
+		}
+	}
+}

@@ -1,0 +1,11 @@
+package ext4_test
+
+import (
+	"testing"
+
+	suite "github.com/podvol/podvol/test/sanity"
+)
+
+func TestSanity(t *testing.T) {
+	suite.Run(t, suite.Variant{AccessType: "mount", Parameters: map[string]string{"fsType": "ext4"}, Size: 1 << 30})
+}

@@ -1,0 +1,38 @@
+// Package suite runs csi-sanity against the real podvol-plugin binary, with
+// real loop devices and mounts. Ginkgo allows one suite per process, so each
+// variant (ext4, xfs, block) is its own test package calling Run.
+package suite
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+
+	"github.com/podvol/podvol/test/plugintest"
+)
+
+// Variant selects what the sanity volumes are.
+type Variant struct {
+	AccessType string            // "mount" or "block"
+	Parameters map[string]string // StorageClass parameters, e.g. fsType
+	Size       int64
+}
+
+// Run runs the whole csi-sanity suite against a fresh plugin and pool.
+func Run(t *testing.T, v Variant) {
+	plugintest.RequireRoot(t)
+	dir := plugintest.TempDir(t)
+	p := plugintest.Start(t, plugintest.Options{Dir: dir})
+
+	cfg := sanity.NewTestConfig()
+	cfg.Address = p.Endpoint
+	cfg.TargetPath = filepath.Join(dir, "target")
+	cfg.StagingPath = filepath.Join(dir, "staging")
+	cfg.TestVolumeAccessType = v.AccessType
+	cfg.TestVolumeParameters = v.Parameters
+	cfg.TestVolumeSize = v.Size
+	cfg.IdempotentCount = 3
+	sanity.Test(t, cfg)
+	p.Stop()
+}
