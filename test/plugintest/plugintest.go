@@ -123,6 +123,10 @@ func (p *Plugin) start() {
 			if _, err := p.Identity().Probe(context.Background(), &csi.ProbeRequest{}); err == nil {
 				return
 			}
+			// A socket left by the previous process refuses the dial;
+			// redial rather than wait out gRPC's reconnect backoff.
+			p.conn.Close()
+			p.conn = nil
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("podvol-plugin did not answer Probe within 30s:\n%s", p.log.String())
@@ -269,4 +273,14 @@ func ForceClean(dir string) {
 			f.Close()
 		}
 	}
+}
+
+// RunOnce runs the plugin binary to completion (for start-up refusals) and
+// returns its output.
+func RunOnce(t testing.TB, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, Binary(t), args...).CombinedOutput()
+	return string(out), err
 }
