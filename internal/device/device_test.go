@@ -1,0 +1,112 @@
+package device
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func image(t *testing.T, size int64) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("device tests attach loop devices: run them as root")
+	}
+	p := filepath.Join(t.TempDir(), "img")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	return p
+}
+
+func TestLoopAttachFindDetach(t *testing.T) {
+	img := image(t, 32<<20)
+	dev, err := AttachLoop(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = DetachLoop(dev) })
+	if got := LoopBackingFile(dev); got != img {
+		t.Fatalf("backing file of %s: %q, want %q", dev, got, img)
+	}
+	if devs, _ := LoopsFor(img); len(devs) != 1 || devs[0] != dev {
+		t.Fatalf("LoopsFor: %v", devs)
+	}
+	if size, err := DeviceSize(dev); err != nil || size != 32<<20 {
+		t.Fatalf("size %d, %v", size, err)
+	}
+	if err := DetachLoop(dev); err != nil {
+		t.Fatal(err)
+	}
+	if err := DetachLoop(dev); err != nil {
+		t.Fatalf("detaching twice: %v", err)
+	}
+	if devs, _ := LoopsFor(img); len(devs) != 0 {
+		t.Fatalf("still attached: %v", devs)
+	}
+}
+
+func TestAttachRefusesSymlink(t *testing.T) {
+	img := image(t, 1<<20)
+	link := filepath.Join(filepath.Dir(img), "link")
+	if err := os.Symlink(img, link); err != nil {
+		t.Fatal(err)
+	}
+	if dev, err := AttachLoop(link); err == nil {
+		_ = DetachLoop(dev)
+		t.Fatal("attached through a symlink")
+	}
+}
+
+func TestFormatProbeMount(t *testing.T) {
+	ctx := context.Background()
+	for _, fs := range []string{"ext4", "xfs"} {
+		t.Run(fs, func(t *testing.T) {
+			img := image(t, 300<<20)
+			dev, err := AttachLoop(img)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = DetachLoop(dev) })
+			if got, err := Probe(ctx, dev); err != nil || got != "" {
+				t.Fatalf("blank device probed as %q, %v", got, err)
+			}
+			if err := Format(ctx, dev, fs); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := Probe(ctx, dev); err != nil || got != fs {
+				t.Fatalf("probe after format: %q, %v", got, err)
+			}
+			mnt := t.TempDir()
+			if err := Mount(ctx, dev, mnt, fs, []string{"noatime"}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = Unmount(mnt) })
+			m, err := MountedAt(mnt)
+			if err != nil || m == nil || m.Source != dev || m.FsType != fs || m.ReadOnly() {
+				t.Fatalf("MountedAt: %+v, %v", m, err)
+			}
+			if mps, _ := MountsOf(dev); len(mps) != 1 || mps[0] != mnt {
+				t.Fatalf("MountsOf: %v", mps)
+			}
+			st, err := Statfs(mnt)
+			if err != nil || st.TotalBytes <= 0 || st.TotalBytes > 300<<20 || st.TotalInodes <= 0 {
+				t.Fatalf("statfs: %+v, %v", st, err)
+			}
+			if err := Unmount(mnt); err != nil {
+				t.Fatal(err)
+			}
+			if err := Unmount(mnt); err != nil {
+				t.Fatalf("unmounting twice: %v", err)
+			}
+			if m, _ := MountedAt(mnt); m != nil {
+				t.Fatalf("still mounted: %+v", m)
+			}
+		})
+	}
+}

@@ -1,0 +1,66 @@
+package store
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestStorePersistsAndIndexesNames(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &Volume{ID: "pv-1", Name: "a", SizeBytes: 10, State: Creating}
+	if err := s.Create(v, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Create(&Volume{ID: "pv-2", Name: "a"}, nil); !IsExists(err) {
+		t.Fatalf("second volume of one name: %v", err)
+	}
+	tooBig := errors.New("too big")
+	err = s.Create(&Volume{ID: "pv-3", Name: "c", SizeBytes: 5}, func(all []*Volume) error {
+		if len(all) != 1 || all[0].ID != "pv-1" {
+			t.Errorf("check saw %v", all)
+		}
+		return tooBig
+	})
+	if !errors.Is(err, tooBig) {
+		t.Fatalf("check error not returned: %v", err)
+	}
+	if _, err := s.VolumeByName("c"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a refused volume was stored: %v", err)
+	}
+	if _, err := s.Update("pv-1", func(v *Volume) error { v.State = Ready; v.Stage = &Stage{Path: "/s", State: Staged}; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	// A second opener is refused while the first holds the store.
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(path); err == nil || !strings.Contains(err.Error(), "another podvol-plugin") {
+		t.Fatalf("second opener: %v", err)
+	}
+	got, err := s.VolumeByName("a")
+	if err != nil || got.State != Ready || got.Stage.Path != "/s" {
+		t.Fatalf("after reopen: %+v, %v", got, err)
+	}
+	if err := s.Delete("pv-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("pv-1"); err != nil {
+		t.Fatalf("second delete: %v", err)
+	}
+	if _, err := s.VolumeByName("a"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("name index kept a deleted volume: %v", err)
+	}
+	if vols, _ := s.Volumes(); len(vols) != 0 {
+		t.Fatalf("volumes left: %v", vols)
+	}
+	s.Close()
+}
