@@ -23,6 +23,13 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		csi.ControllerServiceCapability_RPC_GET_VOLUME,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	} {
 		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
 	}
@@ -52,15 +59,16 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, invalid("creating a volume from a snapshot or another volume is not supported yet")
+	source, err := contentSource(req.GetVolumeContentSource())
+	if err != nil {
+		return nil, err
 	}
 	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): podvol provisions only on the node that runs this plugin", TopologyKey, d.cfg.NodeID)
 	}
 
 	defer d.locks.lock("name/" + name)()
-	v, err := d.cfg.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params})
+	v, err := d.cfg.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Quiesce: d.cfg.Node.Quiesce})
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -68,12 +76,40 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 }
 
 func (d *Driver) csiVolume(v *store.Volume) *csi.Volume {
-	return &csi.Volume{
+	cv := &csi.Volume{
 		VolumeId:           v.ID,
 		CapacityBytes:      v.SizeBytes,
 		VolumeContext:      map[string]string{ParamFsType: v.FsType},
 		AccessibleTopology: []*csi.Topology{d.topology()},
 	}
+	switch src := v.Source; {
+	case src == nil:
+	case src.Kind == store.FromSnapshot:
+		cv.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: src.ID}}}
+	case src.Kind == store.FromVolume:
+		cv.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src.ID}}}
+	}
+	return cv
+}
+
+// contentSource translates a CreateVolume's content source. Its existence is
+// checked by the pool (NOT_FOUND).
+func contentSource(cs *csi.VolumeContentSource) (*store.Source, error) {
+	switch {
+	case cs == nil:
+		return nil, nil
+	case cs.GetSnapshot() != nil:
+		if err := checkVolumeID(cs.GetSnapshot().GetSnapshotId()); err != nil {
+			return nil, invalid("source snapshot id is required and must be well-formed")
+		}
+		return &store.Source{Kind: store.FromSnapshot, ID: cs.GetSnapshot().GetSnapshotId()}, nil
+	case cs.GetVolume() != nil:
+		if err := checkVolumeID(cs.GetVolume().GetVolumeId()); err != nil {
+			return nil, invalid("source volume id is required and must be well-formed")
+		}
+		return &store.Source{Kind: store.FromVolume, ID: cs.GetVolume().GetVolumeId()}, nil
+	}
+	return nil, invalid("volume content source must name a snapshot or a volume")
 }
 
 func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {

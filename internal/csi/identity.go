@@ -17,9 +17,14 @@ func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 	svc := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
 		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
 	}
+	expansion := func(t csi.PluginCapability_VolumeExpansion_Type) *csi.PluginCapability {
+		return &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: t}}}
+	}
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{
 		svc(csi.PluginCapability_Service_CONTROLLER_SERVICE),
 		svc(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
+		expansion(csi.PluginCapability_VolumeExpansion_ONLINE),
+		expansion(csi.PluginCapability_VolumeExpansion_OFFLINE),
 	}}, nil
 }
 

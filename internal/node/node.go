@@ -102,6 +102,11 @@ func (n *Node) Stage(ctx context.Context, r StageRequest) error {
 			return n.failStage(v.ID, err)
 		}
 		failpoint.Hit("stage-after-mount")
+	} else if v.GrowFs {
+		// A block volume has no filesystem of podvol's to grow.
+		if err := n.pool.FsGrown(v.ID); err != nil {
+			return err
+		}
 	}
 	_, err = n.store.Update(v.ID, func(v *store.Volume) error {
 		v.Stage.State = store.Staged
@@ -177,6 +182,18 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 		if err := device.FsckIfNeeded(ctx, dev, found); err != nil {
 			return fmt.Errorf("check filesystem of volume %s: %w", v.ID, err)
 		}
+		// The image grew while the volume was not mounted (offline
+		// expansion, or a restore into a larger volume): ext4 grows
+		// best before the mount, which needs no privilege beyond root.
+		if v.GrowFs && found == "ext4" {
+			if err := device.GrowOffline(ctx, dev); err != nil {
+				return fmt.Errorf("grow filesystem of volume %s: %w", v.ID, err)
+			}
+			if err := n.pool.FsGrown(v.ID); err != nil {
+				return err
+			}
+			v.GrowFs = false
+		}
 	default:
 		return fmt.Errorf("volume %s holds %s, not %s: refusing to mount or format it: %w", v.ID, found, v.FsType, pool.ErrInvalid)
 	}
@@ -185,6 +202,12 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 	}
 	if err := device.Mount(ctx, dev, path, v.FsType, flags); err != nil {
 		return fmt.Errorf("mount volume %s: %w", v.ID, err)
+	}
+	if v.GrowFs {
+		if err := device.GrowOnline(ctx, v.FsType, dev, path); err != nil {
+			return fmt.Errorf("grow filesystem of volume %s: %w", v.ID, err)
+		}
+		return n.pool.FsGrown(v.ID)
 	}
 	return nil
 }

@@ -33,6 +33,13 @@ func (n *Node) Recover(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		case store.Staged:
+			// A crash during a snapshot leaves the filesystem
+			// frozen, and every writer in the pod hangs: thaw first.
+			if m, _ := device.MountedAt(v.Stage.Path); m != nil && !v.Stage.Block && m.Source == v.Stage.Device {
+				if err := device.Thaw(v.Stage.Path); err != nil {
+					klog.V(2).InfoS("Thaw at start", "volume", v.ID, "err", err)
+				}
+			}
 			dev, err := n.restoreStage(ctx, v)
 			if err != nil {
 				klog.ErrorS(err, "Could not restore staged volume; kubelet's next NodeStageVolume will retry", "volume", v.ID)

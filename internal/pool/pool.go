@@ -61,10 +61,13 @@ type Config struct {
 type Pool struct {
 	dir      string
 	volDir   string
+	snapDir  string
 	capacity int64
 	store    *store.Store
+	reflink  bool
 
-	// mu serialises the capacity check with the creation it admits.
+	// mu serialises every capacity check with the allocation it admits
+	// (volume and snapshot creation, growth).
 	mu sync.Mutex
 }
 
@@ -82,9 +85,17 @@ func Open(cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolve pool directory: %w", err)
 	}
-	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes")}
-	if err := mkdirNoSymlink(p.volDir); err != nil {
-		return nil, err
+	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes"), snapDir: filepath.Join(dir, "snapshots")}
+	for _, d := range []string{p.volDir, p.snapDir} {
+		if err := mkdirNoSymlink(d); err != nil {
+			return nil, err
+		}
+	}
+	p.reflink = device.CanReflink(p.volDir)
+	if p.reflink {
+		klog.InfoS("Pool filesystem supports reflink: snapshots and clones share extents and take constant time", "dir", dir)
+	} else {
+		klog.InfoS("Pool filesystem has no reflink: snapshots and clones are sparse copies, their time grows with the data (use XFS or btrfs for constant time)", "dir", dir)
 	}
 	p.capacity = cfg.Capacity
 	if p.capacity == 0 {
@@ -127,21 +138,42 @@ func (p *Pool) Dir() string { return p.dir }
 // ImagePath returns the image file of a volume. id must be ValidID.
 func (p *Pool) ImagePath(id string) string { return filepath.Join(p.volDir, id+".img") }
 
-// Capacity returns the configured capacity and what volumes take of it.
+// Reflink reports whether copies share extents.
+func (p *Pool) Reflink() bool { return p.reflink }
+
+// Capacity returns the configured capacity and what volumes and snapshots
+// take of it. A snapshot counts its full size: it shares extents with its
+// source at first, but every later write to the source unshares some, so
+// only the full size is a promise the pool can keep.
 func (p *Pool) Capacity() (total, allocated int64, err error) {
 	vols, err := p.store.Volumes()
 	if err != nil {
 		return 0, 0, err
 	}
-	return p.capacity, allocatedBy(vols), nil
+	snaps, err := p.store.Snapshots()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, v := range vols {
+		allocated += v.SizeBytes
+	}
+	for _, s := range snaps {
+		allocated += s.SizeBytes
+	}
+	return p.capacity, allocated, nil
 }
 
-func allocatedBy(vols []*store.Volume) int64 {
-	var n int64
-	for _, v := range vols {
-		n += v.SizeBytes
+// admit checks that more bytes fit. The caller holds p.mu and records the
+// allocation before releasing it.
+func (p *Pool) admit(more int64) error {
+	total, allocated, err := p.Capacity()
+	if err != nil {
+		return err
 	}
-	return n
+	if free := total - allocated; more > free {
+		return fmt.Errorf("requested %d bytes, %d of %d free: %w", more, max(free, 0), total, ErrNoSpace)
+	}
+	return nil
 }
 
 // Check reports why the pool cannot serve, or nil: the directory must be
@@ -162,6 +194,10 @@ type CreateRequest struct {
 	SizeBytes  int64
 	FsType     string
 	Parameters map[string]string
+	Source     *store.Source
+	// Quiesce is called around the copy of a source volume, so that a
+	// mounted filesystem is consistent in the copy. It returns the undo.
+	Quiesce func(volumeID string) (func(), error)
 }
 
 // CreateVolume creates a volume, or returns the existing one of that name if
@@ -170,7 +206,7 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 	v, err := p.store.VolumeByName(r.Name)
 	switch {
 	case err == nil:
-		if v.SizeBytes != r.SizeBytes || v.FsType != r.FsType || !maps.Equal(v.Parameters, r.Parameters) {
+		if v.SizeBytes != r.SizeBytes || v.FsType != r.FsType || !maps.Equal(v.Parameters, r.Parameters) || !sameSource(v.Source, r.Source) {
 			return nil, fmt.Errorf("volume %q (%s, %d bytes, %s): %w", r.Name, v.ID, v.SizeBytes, v.FsType, ErrConflict)
 		}
 		if v.State == store.Ready {
@@ -179,8 +215,11 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		if v.State == store.Deleting {
 			return nil, fmt.Errorf("volume %q is being deleted: %w", r.Name, ErrInUse)
 		}
-		return p.finishCreate(v)
+		return p.finishCreate(v, r)
 	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
+	}
+	if err := p.checkSource(&r); err != nil {
 		return nil, err
 	}
 
@@ -192,14 +231,13 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		Parameters: r.Parameters,
 		State:      store.Creating,
 		Created:    time.Now().UTC(),
+		Source:     r.Source,
 	}
 	p.mu.Lock()
-	err = p.store.Create(v, func(existing []*store.Volume) error {
-		if free := p.capacity - allocatedBy(existing); r.SizeBytes > free {
-			return fmt.Errorf("requested %d bytes, %d of %d free: %w", r.SizeBytes, max(free, 0), p.capacity, ErrNoSpace)
-		}
-		return nil
-	})
+	err = p.admit(r.SizeBytes)
+	if err == nil {
+		err = p.store.Create(v)
+	}
 	p.mu.Unlock()
 	if store.IsExists(err) {
 		return nil, fmt.Errorf("volume %q is being created concurrently: %w", r.Name, ErrInUse)
@@ -208,11 +246,17 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		return nil, err
 	}
 	failpoint.Hit("create-after-record")
-	return p.finishCreate(v)
+	return p.finishCreate(v, r)
 }
 
-func (p *Pool) finishCreate(v *store.Volume) (*store.Volume, error) {
-	if err := makeImage(p.ImagePath(v.ID), v.SizeBytes); err != nil {
+func (p *Pool) finishCreate(v *store.Volume, r CreateRequest) (*store.Volume, error) {
+	var err error
+	if v.Source == nil {
+		err = makeImage(p.ImagePath(v.ID), v.SizeBytes)
+	} else {
+		err = p.copyFromSource(v, r.Quiesce)
+	}
+	if err != nil {
 		// Leave nothing behind: the record goes with the image.
 		p.removeVolume(v.ID)
 		return nil, err
@@ -222,6 +266,13 @@ func (p *Pool) finishCreate(v *store.Volume) (*store.Volume, error) {
 		v.State = store.Ready
 		return nil
 	})
+}
+
+func sameSource(a, b *store.Source) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 // makeImage creates a sparse file of size bytes. An image left by a crashed
@@ -335,29 +386,45 @@ func (p *Pool) Recover(ctx context.Context) error {
 	var errs []error
 	for _, v := range vols {
 		known[v.ID+".img"] = true
-		if v.State == store.Creating || v.State == store.Deleting {
+		switch v.State {
+		case store.Creating, store.Deleting:
 			klog.InfoS("Recovering interrupted operation", "volume", v.ID, "name", v.Name, "state", v.State)
 			if err := p.removeVolume(v.ID); err != nil {
 				errs = append(errs, err)
 			}
+		case store.Ready:
+			// Growth records the new size before it grows the image.
+			if err := device.GrowFile(p.ImagePath(v.ID), v.SizeBytes); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 	}
-	entries, err := os.ReadDir(p.volDir)
+	errs = append(errs, p.recoverSnapshots()...)
+	snaps, err := p.store.Snapshots()
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		if known[e.Name()] {
-			continue
+	for _, s := range snaps {
+		known[s.ID+".img"] = true
+	}
+	for _, dir := range []string{p.volDir, p.snapDir} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return err
 		}
-		path := filepath.Join(p.volDir, e.Name())
-		klog.InfoS("Removing image that no volume owns", "path", path)
-		if err := detachUnused(path); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := os.Remove(path); err != nil {
-			errs = append(errs, err)
+		for _, e := range entries {
+			if known[e.Name()] {
+				continue
+			}
+			path := filepath.Join(dir, e.Name())
+			klog.InfoS("Removing image that nothing owns", "path", path)
+			if err := detachUnused(path); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if err := os.Remove(path); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -372,4 +439,33 @@ func (p *Pool) ImageBacked(backing string) (string, bool) {
 	}
 	id := strings.TrimSuffix(filepath.Base(backing), ".img")
 	return id, ValidID(id)
+}
+
+// Unwritten returns how many bytes the pool filesystem has free and how many
+// the volumes and snapshots may still write into their sparse images. When
+// the first is smaller, a write inside a volume can fail with ENOSPC although
+// the volume is not full: the pool's filesystem is shared or too small.
+func (p *Pool) Unwritten() (fsFree, promised int64, err error) {
+	fs, err := device.Statfs(p.dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	_, allocated, err := p.Capacity()
+	if err != nil {
+		return 0, 0, err
+	}
+	var used int64
+	for _, dir := range []string{p.volDir, p.snapDir} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, e := range ents {
+			var st unix.Stat_t
+			if unix.Lstat(filepath.Join(dir, e.Name()), &st) == nil {
+				used += st.Blocks * 512
+			}
+		}
+	}
+	return fs.AvailableBytes, max(allocated-used, 0), nil
 }

@@ -18,8 +18,10 @@ import (
 var ErrNotFound = errors.New("not found")
 
 var (
-	bucketVolumes = []byte("volumes")
-	bucketNames   = []byte("volume-names")
+	bucketVolumes       = []byte("volumes")
+	bucketNames         = []byte("volume-names")
+	bucketSnapshots     = []byte("snapshots")
+	bucketSnapshotNames = []byte("snapshot-names")
 )
 
 // Volume states. A volume is written as Creating before its image exists and
@@ -52,9 +54,26 @@ type Volume struct {
 	Parameters map[string]string `json:"parameters,omitempty"`
 	State      string            `json:"state"`
 	Created    time.Time         `json:"created"`
+	// Source is the snapshot or volume this one was made from.
+	Source *Source `json:"source,omitempty"`
+	// GrowFs is set when the image grew and the filesystem on it has not
+	// yet been grown to match.
+	GrowFs bool `json:"growFs,omitempty"`
 
 	Stage        *Stage                  `json:"stage,omitempty"`
 	Publications map[string]*Publication `json:"publications,omitempty"`
+}
+
+// Source kinds.
+const (
+	FromSnapshot = "snapshot"
+	FromVolume   = "volume"
+)
+
+// Source names what a volume was made from.
+type Source struct {
+	Kind string `json:"kind"`
+	ID   string `json:"id"`
 }
 
 // Stage records a NodeStageVolume: the loop device and, for filesystem
@@ -91,7 +110,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketVolumes, bucketNames} {
+		for _, b := range [][]byte{bucketVolumes, bucketNames, bucketSnapshots, bucketSnapshotNames} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -152,30 +171,11 @@ func (s *Store) Volumes() ([]*Volume, error) {
 }
 
 // Create stores a new volume. It fails if the name is taken, so that two
-// concurrent creations of one name cannot both proceed. check runs inside the
-// same transaction with every existing volume, for capacity decisions that
-// must not race with another creation.
-func (s *Store) Create(v *Volume, check func(existing []*Volume) error) error {
+// concurrent creations of one name cannot both proceed.
+func (s *Store) Create(v *Volume) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketNames).Get([]byte(v.Name)) != nil {
 			return fmt.Errorf("volume name %q: %w", v.Name, errExists)
-		}
-		if check != nil {
-			var all []*Volume
-			err := tx.Bucket(bucketVolumes).ForEach(func(k, val []byte) error {
-				e := &Volume{}
-				if err := json.Unmarshal(val, e); err != nil {
-					return err
-				}
-				all = append(all, e)
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			if err := check(all); err != nil {
-				return err
-			}
 		}
 		if err := tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
 			return err

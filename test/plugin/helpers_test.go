@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,6 +51,9 @@ func newEnv(t *testing.T, o plugintest.Options) *env {
 	plugintest.RequireRoot(t)
 	dir := plugintest.TempDir(t)
 	o.Dir = dir
+	if o.PoolDir == "xfs" {
+		o.PoolDir = plugintest.XFSPool(t, dir, 8<<30)
+	}
 	o.NodeID = node
 	e := &env{t: t, dir: dir, p: plugintest.Start(t, o)}
 	for _, d := range []string{"staging", "pods"} {
@@ -144,10 +149,14 @@ func (e *env) images() []string {
 	return out
 }
 
-// assertClean fails unless no loop device or mount of the test remains.
+// assertClean fails unless no loop device or mount of the test remains
+// (besides an XFS pool's own).
 func (e *env) assertClean() {
 	e.t.Helper()
 	loops, mounts := plugintest.Leftovers(e.dir)
+	pool := filepath.Join(e.dir, "xfs-pool")
+	loops = slices.DeleteFunc(loops, func(l string) bool { return strings.HasSuffix(l, "/xfs-pool.img)") })
+	mounts = slices.DeleteFunc(mounts, func(m string) bool { return m == pool })
 	if len(loops)+len(mounts) > 0 {
 		e.t.Fatalf("leftovers: loop devices %v, mounts %v", loops, mounts)
 	}

@@ -134,8 +134,9 @@ func TestCreateVolumeRefusals(t *testing.T) {
 		{"more than the pool", &csi.CreateVolumeRequest{Name: "a", VolumeCapabilities: []*csi.VolumeCapability{rwo}, CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 30}}, codes.ResourceExhausted},
 		{"other node's topology", &csi.CreateVolumeRequest{Name: "a", VolumeCapabilities: []*csi.VolumeCapability{rwo}, AccessibilityRequirements: &csi.TopologyRequirement{
 			Requisite: []*csi.Topology{{Segments: map[string]string{"topology.podvol.io/node": "node-2"}}}}}, codes.ResourceExhausted},
-		{"content source", &csi.CreateVolumeRequest{Name: "a", VolumeCapabilities: []*csi.VolumeCapability{rwo}, VolumeContentSource: &csi.VolumeContentSource{
-			Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "pv-x"}}}}, codes.InvalidArgument},
+		{"missing source volume", &csi.CreateVolumeRequest{Name: "a", VolumeCapabilities: []*csi.VolumeCapability{rwo}, VolumeContentSource: &csi.VolumeContentSource{
+			Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "pv-x"}}}}, codes.NotFound},
+		{"empty content source", &csi.CreateVolumeRequest{Name: "a", VolumeCapabilities: []*csi.VolumeCapability{rwo}, VolumeContentSource: &csi.VolumeContentSource{}}, codes.InvalidArgument},
 	}
 	for _, c := range cases {
 		_, err := e.p.Controller().CreateVolume(ctx(t), c.req)

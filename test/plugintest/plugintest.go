@@ -62,6 +62,7 @@ func RequireRoot(t testing.TB) {
 // Options configures one plugin process.
 type Options struct {
 	Dir      string // test directory: pool, socket and logs go below it
+	PoolDir  string // default: Dir/pool
 	NodeID   string
 	Capacity string
 	Env      []string // e.g. PODVOL_FAILPOINTS=...
@@ -90,7 +91,10 @@ func Start(t testing.TB, o Options) *Plugin {
 	if o.Capacity == "" {
 		o.Capacity = "200Gi"
 	}
-	p := &Plugin{t: t, opts: o, PoolDir: filepath.Join(o.Dir, "pool"), Socket: filepath.Join(o.Dir, "csi.sock")}
+	if o.PoolDir == "" {
+		o.PoolDir = filepath.Join(o.Dir, "pool")
+	}
+	p := &Plugin{t: t, opts: o, PoolDir: o.PoolDir, Socket: filepath.Join(o.Dir, "csi.sock")}
 	p.Endpoint = "unix://" + p.Socket
 	p.start()
 	return p
@@ -283,4 +287,41 @@ func RunOnce(t testing.TB, args ...string) (string, error) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, Binary(t), args...).CombinedOutput()
 	return string(out), err
+}
+
+// XFSPool makes an XFS filesystem (with reflink, as mkfs.xfs makes it by
+// default) on a sparse image of size bytes below dir, mounts it and returns
+// the mount point, for tests of constant-time copies. It is unmounted and
+// detached when the test ends.
+func XFSPool(t testing.TB, dir string, size int64) string {
+	t.Helper()
+	img := filepath.Join(dir, "xfs-pool.img")
+	mnt := filepath.Join(dir, "xfs-pool")
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		_ = syscall.Unmount(mnt, 0)
+		_ = exec.Command("losetup", "-d", dev).Run()
+	})
+	if out, err := exec.Command("mkfs.xfs", "-q", "-f", "-m", "reflink=1", dev).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.xfs: %v: %s", err, out)
+	}
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", dev, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v: %s", err, out)
+	}
+	return mnt
 }

@@ -4,7 +4,10 @@
 package suite
 
 import (
+	"flag"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
@@ -17,6 +20,9 @@ type Variant struct {
 	AccessType string            // "mount" or "block"
 	Parameters map[string]string // StorageClass parameters, e.g. fsType
 	Size       int64
+	// Unfit lists specs this machine cannot pass, with the reason; they
+	// are skipped by name, and the reason is logged.
+	Unfit map[string]string
 }
 
 // Run runs the whole csi-sanity suite against a fresh plugin and pool.
@@ -33,6 +39,16 @@ func Run(t *testing.T, v Variant) {
 	cfg.TestVolumeParameters = v.Parameters
 	cfg.TestVolumeSize = v.Size
 	cfg.IdempotentCount = 3
+	if len(v.Unfit) > 0 {
+		var names []string
+		for spec, why := range v.Unfit {
+			t.Logf("skipping csi-sanity spec %q on this machine: %s", spec, why)
+			names = append(names, regexp.QuoteMeta(spec))
+		}
+		if err := flag.Set("ginkgo.skip", strings.Join(names, "|")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	sanity.Test(t, cfg)
 	p.Stop()
 }

@@ -1,0 +1,111 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/podvol/podvol/internal/node"
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
+)
+
+var severity = map[node.Severity]csi.VolumeHealthErrorType{
+	node.Degraded:     csi.VolumeHealthErrorType_DEGRADED,
+	node.Inaccessible: csi.VolumeHealthErrorType_INACCESSIBLE,
+	node.DataLoss:     csi.VolumeHealthErrorType_DATA_LOSS,
+}
+
+func (d *Driver) volumeHealth(id string) (*csi.VolumeHealth, error) {
+	cs, err := d.cfg.Node.Health(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	h := &csi.VolumeHealth{VolumeId: id}
+	for _, c := range cs {
+		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{Status: severity[c.Severity], Reason: c.Reason, Message: c.Message})
+	}
+	return h, nil
+}
+
+func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
+	if _, err := d.lookup(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	h, err := d.volumeHealth(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
+
+func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, invalid("max_entries must not be negative")
+	}
+	start := req.GetStartingToken()
+	if start != "" && !pool.ValidID(start) {
+		return nil, status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
+	}
+	vols, err := d.cfg.Pool.Store().Volumes()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &csi.ControllerListVolumeHealthResponse{}
+	for _, v := range vols {
+		if v.State != store.Ready || v.ID < start {
+			continue
+		}
+		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
+			resp.NextToken = v.ID
+			break
+		}
+		h, err := d.volumeHealth(v.ID)
+		if status.Code(err) == codes.NotFound {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		resp.Entries = append(resp.Entries, h)
+	}
+	return resp, nil
+}
+
+func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	if _, err := d.lookup(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	h, err := d.volumeHealth(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
+
+// NodeGetStorageHealth reports on the pool itself: whether it can serve, and
+// whether its filesystem can still hold everything the volumes were promised.
+func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
+	resp := &csi.NodeGetStorageHealthResponse{}
+	if err := d.cfg.Pool.Check(); err != nil {
+		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
+			Status: csi.StorageHealthErrorType_STORAGE_UNREACHABLE, Reason: "PoolUnusable",
+			Message: err.Error() + ": check the pool directory and its filesystem",
+		})
+		return resp, nil
+	}
+	free, promised, err := d.cfg.Pool.Unwritten()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if free < promised {
+		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
+			Status: csi.StorageHealthErrorType_STORAGE_DEGRADED, Reason: "PoolOvercommitted",
+			Message: fmt.Sprintf("the pool filesystem has %d bytes free, but volumes and snapshots may still write %d into their sparse images: writes may fail with ENOSPC; give the pool its own filesystem or lower --capacity", free, promised),
+		})
+	}
+	return resp, nil
+}

@@ -1,0 +1,115 @@
+package csi
+
+import (
+	"context"
+	"errors"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
+)
+
+func (d *Driver) csiSnapshot(s *store.Snapshot) *csi.Snapshot {
+	return &csi.Snapshot{
+		SnapshotId:     s.ID,
+		SourceVolumeId: s.SourceID,
+		SizeBytes:      s.SizeBytes,
+		CreationTime:   timestamppb.New(s.Created),
+		ReadyToUse:     s.State == store.Ready,
+	}
+}
+
+// CreateSnapshot copies the volume as it is now; a mounted filesystem is
+// frozen for the copy so that the snapshot is consistent.
+func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	if req.GetName() == "" {
+		return nil, invalid("snapshot name is required")
+	}
+	if len(req.GetName()) > pool.MaxNameLength {
+		return nil, invalid("snapshot name is %d bytes long, at most %d are allowed", len(req.GetName()), pool.MaxNameLength)
+	}
+	if err := checkVolumeID(req.GetSourceVolumeId()); err != nil {
+		return nil, invalid("source volume id: %s", status.Convert(err).Message())
+	}
+	if len(req.GetParameters()) > 0 {
+		if _, err := volumeParameters(req.GetParameters()); err != nil || req.GetParameters()[ParamFsType] != "" {
+			return nil, invalid("snapshots take no parameters besides %s* keys", sidecarPrefix)
+		}
+	}
+	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
+		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): a snapshot lives beside its volume", TopologyKey, d.cfg.NodeID)
+	}
+	defer d.locks.lock("snapshot/" + req.GetName())()
+	defer d.locks.lock(req.GetSourceVolumeId())()
+	s, err := d.cfg.Pool.CreateSnapshot(pool.SnapshotRequest{Name: req.GetName(), SourceID: req.GetSourceVolumeId(), Quiesce: d.cfg.Node.Quiesce})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(s)}, nil
+}
+
+func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	if err := checkVolumeID(req.GetSnapshotId()); err != nil {
+		return nil, invalid("snapshot id is required and must be well-formed")
+	}
+	defer d.locks.lock(req.GetSnapshotId())()
+	if err := d.cfg.Pool.DeleteSnapshot(req.GetSnapshotId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (*csi.GetSnapshotResponse, error) {
+	if err := checkVolumeID(req.GetSnapshotId()); err != nil {
+		return nil, invalid("snapshot id is required and must be well-formed")
+	}
+	s, err := d.cfg.Pool.ReadySnapshot(req.GetSnapshotId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.GetSnapshotResponse{Snapshot: d.csiSnapshot(s)}, nil
+}
+
+// ListSnapshots pages through snapshots in id order, like ListVolumes.
+func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, invalid("max_entries must not be negative")
+	}
+	start := req.GetStartingToken()
+	if start != "" && !pool.ValidSnapshotID(start) {
+		return nil, status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
+	}
+	resp := &csi.ListSnapshotsResponse{}
+	if id := req.GetSnapshotId(); id != "" {
+		s, err := d.cfg.Pool.ReadySnapshot(id)
+		if errors.Is(err, pool.ErrNotFound) {
+			return resp, nil
+		}
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		if src := req.GetSourceVolumeId(); src == "" || src == s.SourceID {
+			resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: d.csiSnapshot(s)})
+		}
+		return resp, nil
+	}
+	snaps, err := d.cfg.Pool.Store().Snapshots()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	for _, s := range snaps {
+		if s.State != store.Ready || s.ID < start || (req.GetSourceVolumeId() != "" && s.SourceID != req.GetSourceVolumeId()) {
+			continue
+		}
+		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
+			resp.NextToken = s.ID
+			break
+		}
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: d.csiSnapshot(s)})
+	}
+	return resp, nil
+}

@@ -1,0 +1,162 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// CanReflink reports whether files in dir can share extents (XFS with reflink,
+// btrfs): a copy then costs the same whatever the size or data.
+func CanReflink(dir string) bool {
+	src, err := os.CreateTemp(dir, ".reflink-probe-")
+	if err != nil {
+		return false
+	}
+	defer os.Remove(src.Name())
+	defer src.Close()
+	if _, err := src.Write(make([]byte, 4096)); err != nil {
+		return false
+	}
+	dst, err := os.CreateTemp(dir, ".reflink-probe-")
+	if err != nil {
+		return false
+	}
+	defer os.Remove(dst.Name())
+	defer dst.Close()
+	return unix.IoctlFileClone(int(dst.Fd()), int(src.Fd())) == nil
+}
+
+// CopyImage makes dst a copy of src, size bytes long (at least src's size).
+// With reflink the copy shares src's extents; without, only src's data
+// extents are copied, so holes stay holes. dst must not exist; on failure it
+// is removed. Neither path is followed if it is a symlink.
+func CopyImage(src, dst string, size int64, reflink bool) (err error) {
+	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open source image: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create image: %w", err)
+	}
+	defer func() {
+		out.Close()
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	if reflink {
+		if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err != nil {
+			return fmt.Errorf("reflink %s: %w", filepath.Base(src), err)
+		}
+	} else if err := sparseCopy(in, out, fi.Size()); err != nil {
+		return fmt.Errorf("copy %s: %w", filepath.Base(src), err)
+	}
+	if size > fi.Size() {
+		if err := out.Truncate(size); err != nil {
+			return err
+		}
+	}
+	if err := out.Sync(); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(dst))
+}
+
+// sparseCopy copies the data extents of in (found with SEEK_DATA/SEEK_HOLE)
+// with copy_file_range, leaving holes as holes.
+func sparseCopy(in, out *os.File, size int64) error {
+	if err := out.Truncate(size); err != nil {
+		return err
+	}
+	var off int64
+	for off < size {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole is left
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		for pos := data; pos < hole; {
+			r, w := pos, pos
+			n, err := unix.CopyFileRange(int(in.Fd()), &r, int(out.Fd()), &w, int(min(hole-pos, 1<<30)), 0)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				return io.ErrUnexpectedEOF
+			}
+			pos += int64(n)
+		}
+		off = hole
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Ioctl numbers of FIFREEZE/FITHAW (_IOWR('X', 119/120, int)).
+const (
+	fifreeze = 0xC0045877
+	fithaw   = 0xC0045878
+)
+
+// Freeze blocks writes to the filesystem mounted at path and flushes it to
+// its device, until Thaw.
+func Freeze(path string) error {
+	return fsIoctl(path, fifreeze, "freeze")
+}
+
+// Thaw undoes Freeze. A filesystem that is not frozen is left as it is.
+func Thaw(path string) error {
+	err := fsIoctl(path, fithaw, "thaw")
+	if errors.Is(err, unix.EINVAL) {
+		return nil
+	}
+	return err
+}
+
+func fsIoctl(path string, req uint, what string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	defer f.Close()
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), uintptr(req), 0); errno != 0 {
+		return fmt.Errorf("%s %s: %w", what, path, errno)
+	}
+	return nil
+}
+
+// SyncDevice flushes what was written through a block device's page cache
+// down to its backing file.
+func SyncDevice(dev string) error {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

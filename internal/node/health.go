@@ -1,0 +1,100 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/store"
+)
+
+// Severity of a health condition, from least to most severe.
+type Severity int
+
+const (
+	Degraded     Severity = iota + 1 // works, but not as it should
+	Inaccessible                     // the pod cannot use it now; the data may be intact
+	DataLoss                         // data is gone or damaged
+)
+
+// Condition is one problem with a volume.
+type Condition struct {
+	Severity Severity
+	Reason   string // CamelCase, for machines
+	Message  string // for the cluster admin: what is wrong, what to do
+}
+
+// Health checks a volume for what can go wrong with an image, its loop
+// device, its mounts and its filesystem. No condition means healthy.
+func (n *Node) Health(id string) ([]Condition, error) {
+	v, err := n.volume(id)
+	if err != nil {
+		return nil, err
+	}
+	var cs []Condition
+	add := func(sev Severity, reason, format string, a ...any) {
+		cs = append(cs, Condition{sev, reason, fmt.Sprintf(format, a...)})
+	}
+	img := n.pool.ImagePath(v.ID)
+	fi, err := os.Lstat(img)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		add(DataLoss, "ImageMissing", "the image file %s is gone: the volume's data is lost unless a loop device still holds it open; restore from a snapshot", img)
+	case err != nil:
+		add(Inaccessible, "ImageUnreadable", "cannot inspect image %s: %v", img, err)
+	case !fi.Mode().IsRegular():
+		add(Inaccessible, "ImageNotAFile", "%s is a %s, not an image file: someone replaced it; podvol will not use it", img, fi.Mode().Type())
+	case fi.Size() < v.SizeBytes:
+		add(DataLoss, "ImageTruncated", "image %s is %d bytes, the volume is %d: its end was cut off; check the pool filesystem and restore from a snapshot", img, fi.Size(), v.SizeBytes)
+	}
+	s := v.Stage
+	if s == nil || s.State != store.Staged {
+		return cs, nil
+	}
+	switch backing := device.LoopBackingFile(s.Device); {
+	case backing == "":
+		add(Inaccessible, "LoopDeviceDetached", "loop device %s of the staged volume was detached: unstage and stage the volume again (restart the pod)", s.Device)
+		return cs, nil
+	case backing != img:
+		add(Inaccessible, "LoopDeviceMismatch", "loop device %s now serves %s, not this volume's image: something outside podvol reused it; restart the pod to stage the volume again", s.Device, backing)
+		return cs, nil
+	}
+	if s.Block {
+		return cs, nil
+	}
+	m, err := device.MountedAt(s.Path)
+	switch {
+	case err != nil:
+		add(Inaccessible, "MountTableUnreadable", "cannot read the mount table: %v", err)
+	case m == nil || m.Source != s.Device:
+		add(Inaccessible, "StagingMountMissing", "the volume is not mounted at its staging path %s any more: restart the pod to stage it again", s.Path)
+	default:
+		if m.ReadOnly() && !hasFlag(s.MountFlags, "ro") {
+			add(Degraded, "ReadOnly", "the filesystem at %s is read-only (%s): the kernel remounts it so after errors; check the kernel log and run fsck after unstaging", s.Path, m.Super)
+		}
+		if err := device.ReadableRoot(s.Path); err != nil {
+			add(Inaccessible, "FilesystemShutdown", "the %s filesystem at %s fails every access (%v): it has shut down after an error; unstage it and repair it (xfs_repair / e2fsck)", v.FsType, s.Path, err)
+		}
+	}
+	if v.FsType == "ext4" {
+		if count, fn := device.Ext4Errors(s.Device); count > 0 {
+			add(Degraded, "FilesystemErrors", "ext4 recorded %d error(s) (last in %s): run e2fsck on the volume after unstaging it", count, fn)
+		}
+	}
+	for t := range v.Publications {
+		if m, _ := device.MountedAt(t); m == nil {
+			add(Inaccessible, "PublishMountMissing", "the volume is no longer mounted at %s: restart the pod", t)
+		}
+	}
+	return cs, nil
+}
+
+func hasFlag(flags []string, f string) bool {
+	for _, x := range flags {
+		if x == f {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,273 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/failpoint"
+	"github.com/podvol/podvol/internal/store"
+)
+
+var snapIDPattern = regexp.MustCompile(`^snap-[0-9a-f]{24}$`)
+
+// ValidSnapshotID reports whether id has the shape of a snapshot id of this
+// pool.
+func ValidSnapshotID(id string) bool { return snapIDPattern.MatchString(id) }
+
+// SnapshotPath returns the image of a snapshot. id must be ValidSnapshotID.
+func (p *Pool) SnapshotPath(id string) string { return filepath.Join(p.snapDir, id+".img") }
+
+// SnapshotRequest is a validated CreateSnapshot.
+type SnapshotRequest struct {
+	Name     string
+	SourceID string
+	// Quiesce, as for CreateRequest.
+	Quiesce func(volumeID string) (func(), error)
+}
+
+// CreateSnapshot copies a volume's image as it is now. The snapshot is
+// independent of the volume: either can be deleted first.
+func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
+	snap, err := p.store.SnapshotByName(r.Name)
+	switch {
+	case err == nil:
+		if snap.SourceID != r.SourceID {
+			return nil, fmt.Errorf("snapshot %q exists for volume %s, not %s: %w", r.Name, snap.SourceID, r.SourceID, ErrConflict)
+		}
+		if snap.State == store.Ready {
+			return snap, nil
+		}
+		return nil, fmt.Errorf("snapshot %q is %s: %w", r.Name, snap.State, ErrInUse)
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
+	}
+	src, err := p.readyVolume(r.SourceID)
+	if err != nil {
+		return nil, err
+	}
+	snap = &store.Snapshot{
+		ID:        newSnapshotID(),
+		Name:      r.Name,
+		SourceID:  src.ID,
+		SizeBytes: src.SizeBytes,
+		FsType:    src.FsType,
+		State:     store.Creating,
+		Created:   time.Now().UTC(),
+	}
+	p.mu.Lock()
+	err = p.admit(snap.SizeBytes)
+	if err == nil {
+		err = p.store.CreateSnapshot(snap)
+	}
+	p.mu.Unlock()
+	if store.IsExists(err) {
+		return nil, fmt.Errorf("snapshot %q is being created concurrently: %w", r.Name, ErrInUse)
+	}
+	if err != nil {
+		return nil, err
+	}
+	failpoint.Hit("snapshot-after-record")
+	if err := p.copyVolume(src, p.SnapshotPath(snap.ID), src.SizeBytes, r.Quiesce); err != nil {
+		_ = p.removeSnapshot(snap.ID)
+		return nil, fmt.Errorf("snapshot of volume %s: %w", src.ID, err)
+	}
+	return p.store.UpdateSnapshot(snap.ID, func(s *store.Snapshot) { s.State = store.Ready })
+}
+
+// copyVolume copies a volume's image to dst, quiescing the volume around the
+// copy.
+func (p *Pool) copyVolume(src *store.Volume, dst string, size int64, quiesce func(string) (func(), error)) error {
+	if quiesce != nil {
+		undo, err := quiesce(src.ID)
+		if err != nil {
+			return err
+		}
+		defer undo()
+	}
+	failpoint.Hit("copy-while-quiesced")
+	return device.CopyImage(p.ImagePath(src.ID), dst, size, p.reflink)
+}
+
+func (p *Pool) readyVolume(id string) (*store.Volume, error) {
+	if !ValidID(id) {
+		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, ErrNotFound)
+	}
+	v, err := p.store.Volume(id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && v.State != store.Ready) {
+		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, ErrNotFound)
+	}
+	return v, err
+}
+
+// ReadySnapshot returns a snapshot that can be restored or listed.
+func (p *Pool) ReadySnapshot(id string) (*store.Snapshot, error) {
+	if !ValidSnapshotID(id) {
+		return nil, fmt.Errorf("snapshot %q does not exist on this node: %w", id, ErrNotFound)
+	}
+	s, err := p.store.Snapshot(id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && s.State != store.Ready) {
+		return nil, fmt.Errorf("snapshot %q does not exist on this node: %w", id, ErrNotFound)
+	}
+	return s, err
+}
+
+// checkSource verifies that a new volume can be made from its source: the
+// source exists, is not larger than the new volume, and holds the filesystem
+// the new volume is meant to have.
+func (p *Pool) checkSource(r *CreateRequest) error {
+	if r.Source == nil {
+		return nil
+	}
+	var size int64
+	var fs string
+	switch r.Source.Kind {
+	case store.FromSnapshot:
+		s, err := p.ReadySnapshot(r.Source.ID)
+		if err != nil {
+			return err
+		}
+		size, fs = s.SizeBytes, s.FsType
+	case store.FromVolume:
+		v, err := p.readyVolume(r.Source.ID)
+		if err != nil {
+			return err
+		}
+		size, fs = v.SizeBytes, v.FsType
+	default:
+		return fmt.Errorf("source kind %q: %w", r.Source.Kind, ErrInvalid)
+	}
+	if r.SizeBytes < size {
+		return fmt.Errorf("the %s %s is %d bytes, more than the %d asked for: %w", r.Source.Kind, r.Source.ID, size, r.SizeBytes, ErrOutOfRange)
+	}
+	if fs != r.FsType {
+		return fmt.Errorf("the %s %s holds %s, the new volume asks for %s: %w", r.Source.Kind, r.Source.ID, fs, r.FsType, ErrInvalid)
+	}
+	return nil
+}
+
+// copyFromSource makes a new volume's image from its source. A new volume
+// larger than its source gets its filesystem grown when it is first staged.
+func (p *Pool) copyFromSource(v *store.Volume, quiesce func(string) (func(), error)) error {
+	dst := p.ImagePath(v.ID)
+	// A crashed attempt may have left a partial copy: start again.
+	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	var srcSize int64
+	switch v.Source.Kind {
+	case store.FromSnapshot:
+		s, err := p.ReadySnapshot(v.Source.ID)
+		if err != nil {
+			return err
+		}
+		srcSize = s.SizeBytes
+		if err := device.CopyImage(p.SnapshotPath(s.ID), dst, v.SizeBytes, p.reflink); err != nil {
+			return fmt.Errorf("restore snapshot %s: %w", s.ID, err)
+		}
+	case store.FromVolume:
+		src, err := p.readyVolume(v.Source.ID)
+		if err != nil {
+			return err
+		}
+		srcSize = src.SizeBytes
+		if err := p.copyVolume(src, dst, v.SizeBytes, quiesce); err != nil {
+			return fmt.Errorf("clone volume %s: %w", src.ID, err)
+		}
+	}
+	if v.SizeBytes > srcSize {
+		_, err := p.store.Update(v.ID, func(v *store.Volume) error {
+			v.GrowFs = true
+			return nil
+		})
+		return err
+	}
+	return nil
+}
+
+// DeleteSnapshot deletes a snapshot; one that does not exist is deleted.
+func (p *Pool) DeleteSnapshot(id string) error {
+	if !ValidSnapshotID(id) {
+		return nil
+	}
+	if _, err := p.store.UpdateSnapshot(id, func(s *store.Snapshot) { s.State = store.Deleting }); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	return p.removeSnapshot(id)
+}
+
+func (p *Pool) removeSnapshot(id string) error {
+	if err := os.Remove(p.SnapshotPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove snapshot image: %w", err)
+	}
+	return p.store.DeleteSnapshot(id)
+}
+
+func (p *Pool) recoverSnapshots() []error {
+	snaps, err := p.store.Snapshots()
+	if err != nil {
+		return []error{err}
+	}
+	var errs []error
+	for _, s := range snaps {
+		if s.State == store.Creating || s.State == store.Deleting {
+			klog.InfoS("Recovering interrupted snapshot operation", "snapshot", s.ID, "name", s.Name, "state", s.State)
+			if err := p.removeSnapshot(s.ID); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errs
+}
+
+func newSnapshotID() string { return "snap-" + newID()[3:] }
+
+// GrowVolume records and makes a volume's image size bytes long. Shrinking
+// is refused; the same size again is done already.
+func (p *Pool) GrowVolume(id string, size int64) (*store.Volume, error) {
+	v, err := p.readyVolume(id)
+	if err != nil {
+		return nil, err
+	}
+	if size < v.SizeBytes {
+		return nil, fmt.Errorf("volume %s is %d bytes, cannot shrink it to %d: %w", id, v.SizeBytes, size, ErrOutOfRange)
+	}
+	if size > v.SizeBytes {
+		p.mu.Lock()
+		err = p.admit(size - v.SizeBytes)
+		if err == nil {
+			v, err = p.store.Update(id, func(v *store.Volume) error {
+				v.SizeBytes = size
+				v.GrowFs = true
+				return nil
+			})
+		}
+		p.mu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("grow volume %s: %w", id, err)
+		}
+	}
+	failpoint.Hit("grow-after-record")
+	if err := device.GrowFile(p.ImagePath(id), v.SizeBytes); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// FsGrown clears the volume's pending filesystem growth.
+func (p *Pool) FsGrown(id string) error {
+	_, err := p.store.Update(id, func(v *store.Volume) error {
+		v.GrowFs = false
+		return nil
+	})
+	return err
+}
