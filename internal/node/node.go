@@ -200,6 +200,11 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 	if err := os.MkdirAll(path, 0o750); err != nil {
 		return fmt.Errorf("create staging path: %w", err)
 	}
+	if v.FsType == "xfs" && !hasFlag(flags, "nouuid") {
+		// A clone or restore carries its source's UUID, and XFS refuses
+		// to mount a second filesystem with a UUID already mounted.
+		flags = append(slices.Clip(flags), "nouuid")
+	}
 	if err := device.Mount(ctx, dev, path, v.FsType, flags); err != nil {
 		return fmt.Errorf("mount volume %s: %w", v.ID, err)
 	}

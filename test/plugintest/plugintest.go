@@ -75,7 +75,7 @@ type Plugin struct {
 	opts     Options
 	cmd      *exec.Cmd
 	waitDone chan struct{}
-	log      *bytes.Buffer
+	log      *syncBuffer
 	Endpoint string
 	Socket   string
 	PoolDir  string
@@ -106,7 +106,7 @@ func (p *Plugin) start() {
 	args := append([]string{"--endpoint", p.Endpoint, "--node-id", p.opts.NodeID, "--pool-dir", p.PoolDir, "--capacity", p.opts.Capacity, "-v=2"}, p.opts.Args...)
 	p.cmd = exec.Command(Binary(t), args...)
 	p.cmd.Env = append(os.Environ(), p.opts.Env...)
-	p.log = &bytes.Buffer{}
+	p.log = &syncBuffer{}
 	p.cmd.Stdout = p.log
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {
@@ -137,6 +137,24 @@ func (p *Plugin) start() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// syncBuffer collects the plugin's output while tests read it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // Conn is a gRPC connection to the plugin (re-dialled after a restart).
