@@ -85,8 +85,12 @@ func run(endpoint, nodeID, poolDir, capacity, metricsAddr string, maxVolumes int
 			if err != nil {
 				return metrics.PoolStats{}, err
 			}
+			snaps, err := p.Store().Snapshots()
+			if err != nil {
+				return metrics.PoolStats{}, err
+			}
 			total, allocated, err := p.Capacity()
-			return metrics.PoolStats{CapacityBytes: total, AllocatedBytes: allocated, Volumes: len(vols)}, err
+			return metrics.PoolStats{CapacityBytes: total, AllocatedBytes: allocated, Volumes: len(vols), Snapshots: len(snaps)}, err
 		})
 		observe = m.ObserveRPC
 		go func() {

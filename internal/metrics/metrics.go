@@ -18,7 +18,7 @@ import (
 // PoolStats is what the pool gauges report.
 type PoolStats struct {
 	CapacityBytes, AllocatedBytes int64
-	Volumes                       int
+	Volumes, Snapshots            int
 }
 
 // Metrics holds podvol's collectors.
@@ -52,6 +52,7 @@ var (
 	allocatedDesc = prometheus.NewDesc("podvol_pool_allocated_bytes", "Bytes of the pool promised to volumes.", nil, nil)
 	freeDesc      = prometheus.NewDesc("podvol_pool_free_bytes", "Bytes of the pool left for new volumes.", nil, nil)
 	volumesDesc   = prometheus.NewDesc("podvol_volumes", "Volumes in the pool.", nil, nil)
+	snapshotsDesc = prometheus.NewDesc("podvol_snapshots", "Snapshots in the pool.", nil, nil)
 )
 
 type poolCollector struct {
@@ -59,7 +60,7 @@ type poolCollector struct {
 }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{capacityDesc, allocatedDesc, freeDesc, volumesDesc} {
+	for _, d := range []*prometheus.Desc{capacityDesc, allocatedDesc, freeDesc, volumesDesc, snapshotsDesc} {
 		ch <- d
 	}
 }
@@ -74,6 +75,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(allocatedDesc, prometheus.GaugeValue, float64(s.AllocatedBytes))
 	ch <- prometheus.MustNewConstMetric(freeDesc, prometheus.GaugeValue, float64(max(s.CapacityBytes-s.AllocatedBytes, 0)))
 	ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.Volumes))
+	ch <- prometheus.MustNewConstMetric(snapshotsDesc, prometheus.GaugeValue, float64(s.Snapshots))
 }
 
 // Serve serves /metrics and /healthz on addr until ctx ends. healthy is the

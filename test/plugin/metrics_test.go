@@ -23,8 +23,9 @@ func TestMetricsAndHealthz(t *testing.T) {
 	if addr == "" {
 		t.Fatalf("no metrics address in the log:\n%s", e.p.Log())
 	}
-	e.create("a", 100<<20, rwo, nil)
+	a := e.create("a", 100<<20, rwo, nil)
 	e.create("b", 200<<20, rwo, nil)
+	e.snapshot("s", a.GetVolumeId())
 	_ = e.delete("pv-000000000000000000000000")
 
 	get := func(path string) string {
@@ -45,9 +46,11 @@ func TestMetricsAndHealthz(t *testing.T) {
 	m := get("/metrics")
 	for _, want := range []string{
 		"podvol_pool_capacity_bytes 1.073741824e+10",
-		"podvol_pool_allocated_bytes 3.145728e+08",
-		"podvol_pool_free_bytes 1.042284544e+10",
+		"podvol_pool_allocated_bytes 4.194304e+08", // two volumes and a snapshot of the first
+		"podvol_pool_free_bytes 1.031798784e+10",
 		"podvol_volumes 2",
+		"podvol_snapshots 1",
+		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateSnapshot"} 1`,
 		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateVolume"} 2`,
 		`podvol_csi_operation_duration_seconds_count{code="OK",method="DeleteVolume"} 1`,
 	} {
