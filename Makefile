@@ -3,7 +3,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 GO ?= go
 
-.PHONY: all build test unit sanity vet bench clean
+.PHONY: all build test vet bench clean
 
 all: build
 
@@ -21,3 +21,8 @@ test: vet
 
 clean:
 	rm -rf bin
+
+# Benchmarks with a ratio report (see bench/README.md). Needs root and ~15 GiB
+# of free disk for the 80%-full volumes.
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 5x -timeout 60m ./bench/
