@@ -9,11 +9,13 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/csi"
+	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/metrics"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
@@ -30,6 +32,9 @@ func main() {
 		capacity    = flag.String("capacity", "", "pool capacity, e.g. 20Gi; default: the size of the filesystem holding --pool-dir")
 		metricsAddr = flag.String("metrics-address", "", "address for /metrics and /healthz, e.g. 127.0.0.1:9808; empty: off")
 		maxVolumes  = flag.Int64("max-volumes", 0, "volumes this node can hold, reported to the scheduler; 0: no limit")
+		kubeletDir  = flag.String("kubelet-dir", "/var/lib/kubelet", "kubelet's root directory: an inline volume whose pod directory is gone from it is collected")
+		inlineSize  = flag.String("inline-default-size", "1Gi", "size of an inline ephemeral volume whose volumeAttributes name none")
+		gcInterval  = flag.Duration("inline-gc-interval", time.Minute, "how often inline volumes whose pod is gone are looked for")
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
 	klog.InitFlags(nil)
@@ -38,29 +43,52 @@ func main() {
 		fmt.Println(csi.DriverName, version)
 		return
 	}
-	if err := run(*endpoint, *nodeID, *poolDir, *capacity, *metricsAddr, *maxVolumes); err != nil {
+	cfg := config{endpoint: *endpoint, nodeID: *nodeID, poolDir: *poolDir, capacity: *capacity, metricsAddr: *metricsAddr,
+		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval}
+	if err := run(cfg); err != nil {
 		klog.ErrorS(err, "podvol-plugin failed")
 		klog.Flush()
 		os.Exit(1)
 	}
 }
 
-func run(endpoint, nodeID, poolDir, capacity, metricsAddr string, maxVolumes int64) error {
-	if nodeID == "" {
+type config struct {
+	endpoint, nodeID, poolDir, capacity, metricsAddr string
+	maxVolumes                                       int64
+	kubeletDir, inlineSize                           string
+	gcInterval                                       time.Duration
+}
+
+func quantity(flagName, v string) (int64, error) {
+	q, err := resource.ParseQuantity(v)
+	if err != nil || q.Value() <= 0 {
+		return 0, fmt.Errorf("--%s %q: want a positive quantity such as 20Gi", flagName, v)
+	}
+	return q.Value(), nil
+}
+
+func run(c config) error {
+	if c.nodeID == "" {
 		return fmt.Errorf("--node-id is required: pass the Kubernetes node name (spec.nodeName)")
 	}
 	var capBytes int64
-	if capacity != "" {
-		q, err := resource.ParseQuantity(capacity)
-		if err != nil || q.Value() <= 0 {
-			return fmt.Errorf("--capacity %q: want a positive quantity such as 20Gi", capacity)
+	if c.capacity != "" {
+		var err error
+		if capBytes, err = quantity("capacity", c.capacity); err != nil {
+			return err
 		}
-		capBytes = q.Value()
+	}
+	inlineBytes, err := quantity("inline-default-size", c.inlineSize)
+	if err != nil {
+		return err
+	}
+	if c.gcInterval <= 0 {
+		return fmt.Errorf("--inline-gc-interval must be positive")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	p, err := pool.Open(pool.Config{Dir: poolDir, Capacity: capBytes})
+	p, err := pool.Open(pool.Config{Dir: c.poolDir, Capacity: capBytes})
 	if err != nil {
 		return err
 	}
@@ -77,9 +105,20 @@ func run(endpoint, nodeID, poolDir, capacity, metricsAddr string, maxVolumes int
 	total, allocated, _ := p.Capacity()
 	klog.InfoS("Pool ready", "dir", p.Dir(), "capacityBytes", total, "allocatedBytes", allocated)
 
-	d := csi.New(csi.Config{Version: version, NodeID: nodeID, MaxVolumes: maxVolumes, Pool: p, Node: n})
+	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir}
+	d := csi.New(csi.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pool: p, Node: n, Inline: inl, InlineDefaultSize: inlineBytes})
+	inl.Lock = d.Lock
+	// The first collection runs before serving: a volume leaked while the
+	// plugin was down is gone before kubelet's first call.
+	if err := inl.Collect(ctx); err != nil {
+		klog.ErrorS(err, "Collecting inline volumes at start was incomplete")
+	}
+	go func() {
+		time.Sleep(c.gcInterval)
+		inl.Run(ctx, c.gcInterval)
+	}()
 	var observe csi.Observer
-	if metricsAddr != "" {
+	if c.metricsAddr != "" {
 		m := metrics.New(func() (metrics.PoolStats, error) {
 			vols, err := p.Store().Volumes()
 			if err != nil {
@@ -90,15 +129,23 @@ func run(endpoint, nodeID, poolDir, capacity, metricsAddr string, maxVolumes int
 				return metrics.PoolStats{}, err
 			}
 			total, allocated, err := p.Capacity()
-			return metrics.PoolStats{CapacityBytes: total, AllocatedBytes: allocated, Volumes: len(vols), Snapshots: len(snaps)}, err
+			st := metrics.PoolStats{CapacityBytes: total, AllocatedBytes: allocated, Snapshots: len(snaps)}
+			for _, v := range vols {
+				if v.Inline != nil {
+					st.InlineVolumes++
+				} else {
+					st.Volumes++
+				}
+			}
+			return st, err
 		})
 		observe = m.ObserveRPC
 		go func() {
-			if err := m.Serve(ctx, metricsAddr, p.Check); err != nil {
+			if err := m.Serve(ctx, c.metricsAddr, p.Check); err != nil {
 				klog.ErrorS(err, "Metrics server failed")
 				stop()
 			}
 		}()
 	}
-	return csi.Serve(ctx, endpoint, d, observe)
+	return csi.Serve(ctx, c.endpoint, d, observe)
 }

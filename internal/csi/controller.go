@@ -123,13 +123,17 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
-// lookup returns the ready volume with id, or NOT_FOUND.
+// lookup returns the ready volume with id (or inline handle), or NOT_FOUND.
 func (d *Driver) lookup(id string) (*store.Volume, error) {
 	if err := checkVolumeID(id); err != nil {
 		return nil, err
 	}
 	if !pool.ValidID(id) {
-		return nil, status.Errorf(codes.NotFound, "volume %q does not exist on node %s", id, d.cfg.NodeID)
+		inl, ok := d.inlineID(id)
+		if !ok {
+			return nil, status.Errorf(codes.NotFound, "volume %q does not exist on node %s", id, d.cfg.NodeID)
+		}
+		id = inl
 	}
 	v, err := d.cfg.Pool.Store().Volume(id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && v.State != store.Ready) {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
 )
@@ -30,6 +31,9 @@ type Config struct {
 	MaxVolumes int64
 	Pool       *pool.Pool
 	Node       *node.Node
+	Inline     *inline.Manager
+	// InlineDefaultSize is the size of an inline volume that names none.
+	InlineDefaultSize int64
 }
 
 // Driver implements the Identity, Controller and Node services.
@@ -44,6 +48,10 @@ type Driver struct {
 
 // New returns a Driver.
 func New(cfg Config) *Driver { return &Driver{cfg: cfg} }
+
+// Lock serialises work on one volume (id or inline handle) with the CSI
+// calls about it, for background work such as inline volume collection.
+func (d *Driver) Lock(key string) func() { return d.locks.lock(key) }
 
 func (d *Driver) topology() *csi.Topology {
 	return &csi.Topology{Segments: map[string]string{TopologyKey: d.cfg.NodeID}}

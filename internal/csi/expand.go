@@ -55,7 +55,7 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, err
 	}
 	defer d.locks.lock(req.GetVolumeId())()
-	got, err := d.cfg.Node.Expand(ctx, req.GetVolumeId(), req.GetVolumePath(), size)
+	got, err := d.cfg.Node.Expand(ctx, d.volumeID(req.GetVolumeId()), req.GetVolumePath(), size)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -79,10 +79,11 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 	if _, err := d.lookup(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	h, err := d.volumeHealth(req.GetVolumeId())
+	h, err := d.volumeHealth(d.volumeID(req.GetVolumeId()))
 	if err != nil {
 		return nil, err
 	}
+	h.VolumeId = req.GetVolumeId()
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
 }
 

@@ -87,11 +87,17 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if why := checkCapability(c); why != "" {
 		return nil, invalid("%s", why)
 	}
+	defer d.locks.lock(req.GetVolumeId())()
+	if isInline(req) {
+		if err := d.publishInline(ctx, req); err != nil {
+			return nil, err
+		}
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
 	if err := d.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
 	mode := c.GetAccessMode().GetMode()
-	defer d.locks.lock(req.GetVolumeId())()
 	err := d.cfg.Node.Publish(ctx, node.PublishRequest{
 		VolumeID:    req.GetVolumeId(),
 		StagingPath: req.GetStagingTargetPath(),
@@ -115,6 +121,12 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		return nil, err
 	}
 	defer d.locks.lock(req.GetVolumeId())()
+	if _, ok := d.inlineID(req.GetVolumeId()); ok {
+		if err := d.cfg.Inline.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
+			return nil, toStatus(err)
+		}
+		return &csi.NodeUnpublishVolumeResponse{}, nil
+	}
 	if err := d.cfg.Node.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -133,7 +145,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if _, err := d.lookup(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	st, err := d.cfg.Node.VolumeStats(req.GetVolumeId(), req.GetVolumePath())
+	st, err := d.cfg.Node.VolumeStats(d.volumeID(req.GetVolumeId()), req.GetVolumePath())
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -18,7 +18,8 @@ import (
 // PoolStats is what the pool gauges report.
 type PoolStats struct {
 	CapacityBytes, AllocatedBytes int64
-	Volumes, Snapshots            int
+	Volumes, InlineVolumes        int
+	Snapshots                     int
 }
 
 // Metrics holds podvol's collectors.
@@ -51,7 +52,7 @@ var (
 	capacityDesc  = prometheus.NewDesc("podvol_pool_capacity_bytes", "Capacity of the pool.", nil, nil)
 	allocatedDesc = prometheus.NewDesc("podvol_pool_allocated_bytes", "Bytes of the pool promised to volumes.", nil, nil)
 	freeDesc      = prometheus.NewDesc("podvol_pool_free_bytes", "Bytes of the pool left for new volumes.", nil, nil)
-	volumesDesc   = prometheus.NewDesc("podvol_volumes", "Volumes in the pool.", nil, nil)
+	volumesDesc   = prometheus.NewDesc("podvol_volumes", "Volumes in the pool, by kind: persistent (PVCs, generic ephemeral) or inline (CSI inline ephemeral).", []string{"kind"}, nil)
 	snapshotsDesc = prometheus.NewDesc("podvol_snapshots", "Snapshots in the pool.", nil, nil)
 )
 
@@ -74,7 +75,8 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(s.CapacityBytes))
 	ch <- prometheus.MustNewConstMetric(allocatedDesc, prometheus.GaugeValue, float64(s.AllocatedBytes))
 	ch <- prometheus.MustNewConstMetric(freeDesc, prometheus.GaugeValue, float64(max(s.CapacityBytes-s.AllocatedBytes, 0)))
-	ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.Volumes))
+	ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.Volumes), "persistent")
+	ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.InlineVolumes), "inline")
 	ch <- prometheus.MustNewConstMetric(snapshotsDesc, prometheus.GaugeValue, float64(s.Snapshots))
 }
 

@@ -195,6 +195,7 @@ type CreateRequest struct {
 	FsType     string
 	Parameters map[string]string
 	Source     *store.Source
+	Inline     *store.Inline
 	// Quiesce is called around the copy of a source volume, so that a
 	// mounted filesystem is consistent in the copy. It returns the undo.
 	Quiesce func(volumeID string) (func(), error)
@@ -232,6 +233,7 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		State:      store.Creating,
 		Created:    time.Now().UTC(),
 		Source:     r.Source,
+		Inline:     r.Inline,
 	}
 	p.mu.Lock()
 	err = p.admit(r.SizeBytes)

@@ -59,9 +59,20 @@ type Volume struct {
 	// GrowFs is set when the image grew and the filesystem on it has not
 	// yet been grown to match.
 	GrowFs bool `json:"growFs,omitempty"`
+	// Inline is set for a CSI inline ephemeral volume: it lives and dies
+	// with one pod, and is staged straight at that pod's target path.
+	Inline *Inline `json:"inline,omitempty"`
 
 	Stage        *Stage                  `json:"stage,omitempty"`
 	Publications map[string]*Publication `json:"publications,omitempty"`
+}
+
+// Inline identifies the pod of an inline ephemeral volume.
+type Inline struct {
+	VolumeHandle string `json:"volumeHandle"` // the id kubelet gave the volume
+	PodUID       string `json:"podUID"`
+	PodName      string `json:"podName"`
+	PodNamespace string `json:"podNamespace"`
 }
 
 // Source kinds.

@@ -48,7 +48,8 @@ func TestMetricsAndHealthz(t *testing.T) {
 		"podvol_pool_capacity_bytes 1.073741824e+10",
 		"podvol_pool_allocated_bytes 4.194304e+08", // two volumes and a snapshot of the first
 		"podvol_pool_free_bytes 1.031798784e+10",
-		"podvol_volumes 2",
+		`podvol_volumes{kind="persistent"} 2`,
+		`podvol_volumes{kind="inline"} 0`,
 		"podvol_snapshots 1",
 		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateSnapshot"} 1`,
 		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateVolume"} 2`,

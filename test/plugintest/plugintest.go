@@ -66,7 +66,7 @@ type Options struct {
 	NodeID   string
 	Capacity string
 	Env      []string // e.g. PODVOL_FAILPOINTS=...
-	Args     []string
+	Args     []string // "{dir}" in an argument stands for Dir
 }
 
 // Plugin is a running podvol-plugin.
@@ -103,7 +103,10 @@ func Start(t testing.TB, o Options) *Plugin {
 func (p *Plugin) start() {
 	t := p.t
 	t.Helper()
-	args := append([]string{"--endpoint", p.Endpoint, "--node-id", p.opts.NodeID, "--pool-dir", p.PoolDir, "--capacity", p.opts.Capacity, "-v=2"}, p.opts.Args...)
+	args := []string{"--endpoint", p.Endpoint, "--node-id", p.opts.NodeID, "--pool-dir", p.PoolDir, "--capacity", p.opts.Capacity, "-v=2"}
+	for _, a := range p.opts.Args {
+		args = append(args, strings.ReplaceAll(a, "{dir}", p.opts.Dir))
+	}
 	p.cmd = exec.Command(Binary(t), args...)
 	p.cmd.Env = append(os.Environ(), p.opts.Env...)
 	p.log = &syncBuffer{}

@@ -1,0 +1,102 @@
+package csi
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/podvol/podvol/internal/inline"
+	"github.com/podvol/podvol/internal/store"
+)
+
+// Volume context keys kubelet sets with podInfoOnMount.
+const (
+	ctxEphemeral    = "csi.storage.k8s.io/ephemeral"
+	ctxPodName      = "csi.storage.k8s.io/pod.name"
+	ctxPodNamespace = "csi.storage.k8s.io/pod.namespace"
+	ctxPodUID       = "csi.storage.k8s.io/pod.uid"
+)
+
+// Attributes a pod may give an inline volume (volumes[].csi.volumeAttributes).
+const (
+	AttrSize   = "size"
+	AttrFsType = "fsType"
+)
+
+var inlineAttrs = []string{AttrSize, AttrFsType}
+
+func isInline(req *csi.NodePublishVolumeRequest) bool {
+	return req.GetVolumeContext()[ctxEphemeral] == "true"
+}
+
+// inlineID resolves the handle kubelet gave an inline volume to the pool's id.
+func (d *Driver) inlineID(handle string) (string, bool) {
+	if d.cfg.Inline == nil {
+		return "", false
+	}
+	return d.cfg.Inline.VolumeID(handle)
+}
+
+// volumeID is the pool id behind a request's volume id, which kubelet sets
+// to its own handle for inline volumes.
+func (d *Driver) volumeID(id string) string {
+	if inl, ok := d.inlineID(id); ok {
+		return inl
+	}
+	return id
+}
+
+func (d *Driver) publishInline(ctx context.Context, req *csi.NodePublishVolumeRequest) error {
+	if d.cfg.Inline == nil {
+		return invalid("this plugin serves no inline ephemeral volumes")
+	}
+	c := req.GetVolumeCapability()
+	if c.GetBlock() != nil {
+		return invalid("inline ephemeral volumes are filesystems: block access is not supported")
+	}
+	attrs := req.GetVolumeContext()
+	var unknown []string
+	for k := range attrs {
+		if !slices.Contains(inlineAttrs, k) && !strings.HasPrefix(k, sidecarPrefix) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		return invalid("unknown volumeAttributes %s: an inline podvol volume takes %s", strings.Join(unknown, ", "), strings.Join(inlineAttrs, ", "))
+	}
+	size := d.cfg.InlineDefaultSize
+	if s, ok := attrs[AttrSize]; ok {
+		q, err := resource.ParseQuantity(s)
+		if err != nil {
+			return invalid("volumeAttributes size=%q is not a quantity: write it like 1Gi or 500Mi", s)
+		}
+		if q.Sign() <= 0 {
+			return invalid("volumeAttributes size=%q must be more than zero", s)
+		}
+		size = q.Value()
+	}
+	fsType, err := fsTypeFor([]*csi.VolumeCapability{c}, map[string]string{ParamFsType: attrs[AttrFsType]})
+	if err != nil {
+		return err
+	}
+	size, err = sizeFor(&csi.CapacityRange{RequiredBytes: size}, fsType)
+	if err != nil {
+		return err
+	}
+	flags := slices.Clone(c.GetMount().GetMountFlags())
+	if req.GetReadonly() {
+		flags = append(flags, "ro")
+	}
+	return toStatus(d.cfg.Inline.Publish(ctx, inline.PublishRequest{
+		Handle:     req.GetVolumeId(),
+		TargetPath: req.GetTargetPath(),
+		SizeBytes:  size,
+		FsType:     fsType,
+		MountFlags: flags,
+		Pod:        store.Inline{PodUID: attrs[ctxPodUID], PodName: attrs[ctxPodName], PodNamespace: attrs[ctxPodNamespace]},
+	}))
+}
