@@ -8,13 +8,18 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/csi"
+	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/metrics"
 	"github.com/podvol/podvol/internal/node"
@@ -35,6 +40,9 @@ func main() {
 		kubeletDir  = flag.String("kubelet-dir", "/var/lib/kubelet", "kubelet's root directory: an inline volume whose pod directory is gone from it is collected")
 		inlineSize  = flag.String("inline-default-size", "1Gi", "size of an inline ephemeral volume whose volumeAttributes name none")
 		gcInterval  = flag.Duration("inline-gc-interval", time.Minute, "how often inline volumes whose pod is gone are looked for")
+		kataDir     = flag.String("kata-direct-volumes-dir", directvolume.DefaultRoot, "where the Kata runtime reads the mount information of direct-assigned volumes")
+		sandboxDirs = flag.String("kata-sandbox-dirs", strings.Join(directvolume.DefaultSandboxDirs, ","), "comma-separated directories holding Kata sandboxes' shim-monitor.sock")
+		kubeconfig  = flag.String("kubeconfig", "", "kubeconfig for directAssign=auto (reading pods and RuntimeClasses); default: in-cluster config when run in a pod, else none")
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
 	klog.InitFlags(nil)
@@ -44,7 +52,8 @@ func main() {
 		return
 	}
 	cfg := config{endpoint: *endpoint, nodeID: *nodeID, poolDir: *poolDir, capacity: *capacity, metricsAddr: *metricsAddr,
-		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval}
+		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
+		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig}
 	if err := run(cfg); err != nil {
 		klog.ErrorS(err, "podvol-plugin failed")
 		klog.Flush()
@@ -57,6 +66,8 @@ type config struct {
 	maxVolumes                                       int64
 	kubeletDir, inlineSize                           string
 	gcInterval                                       time.Duration
+	kataDir, kubeconfig                              string
+	sandboxDirs                                      []string
 }
 
 func quantity(flagName, v string) (int64, error) {
@@ -93,7 +104,11 @@ func run(c config) error {
 		return err
 	}
 	defer p.Close()
-	n := node.New(p)
+	n := node.New(p, &directvolume.Shim{Root: c.kataDir, SandboxDirs: c.sandboxDirs})
+	decider, err := decider(c.kubeconfig)
+	if err != nil {
+		return err
+	}
 	// Node first: its rollbacks release loop devices the pool's recovery
 	// then needs to be free.
 	if err := n.Recover(ctx); err != nil {
@@ -106,7 +121,7 @@ func run(c config) error {
 	klog.InfoS("Pool ready", "dir", p.Dir(), "capacityBytes", total, "allocatedBytes", allocated)
 
 	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir}
-	d := csi.New(csi.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pool: p, Node: n, Inline: inl, InlineDefaultSize: inlineBytes})
+	d := csi.New(csi.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pool: p, Node: n, Inline: inl, InlineDefaultSize: inlineBytes, Decider: decider})
 	inl.Lock = d.Lock
 	// The first collection runs before serving: a volume leaked while the
 	// plugin was down is gone before kubelet's first call.
@@ -148,4 +163,28 @@ func run(c config) error {
 		}()
 	}
 	return csi.Serve(ctx, c.endpoint, d, observe)
+}
+
+// decider builds the directAssign=auto decider from --kubeconfig or the
+// in-cluster config; without either, auto is refused at publish time.
+func decider(kubeconfig string) (*directvolume.Decider, error) {
+	var cfg *rest.Config
+	var err error
+	switch {
+	case kubeconfig != "":
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+		cfg, err = rest.InClusterConfig()
+	default:
+		klog.InfoS("No Kubernetes API access: volumes of StorageClasses with directAssign=auto cannot be published")
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes API access: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &directvolume.Decider{Client: cs, TTL: 30 * time.Second}, nil
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
@@ -34,6 +35,9 @@ type Config struct {
 	Inline     *inline.Manager
 	// InlineDefaultSize is the size of an inline volume that names none.
 	InlineDefaultSize int64
+	// Decider answers directAssign=auto; nil when the plugin has no API
+	// access.
+	Decider *directvolume.Decider
 }
 
 // Driver implements the Identity, Controller and Node services.

@@ -19,8 +19,8 @@ var severity = map[node.Severity]csi.VolumeHealthErrorType{
 	node.DataLoss:     csi.VolumeHealthErrorType_DATA_LOSS,
 }
 
-func (d *Driver) volumeHealth(id string) (*csi.VolumeHealth, error) {
-	cs, err := d.cfg.Node.Health(id)
+func (d *Driver) volumeHealth(ctx context.Context, id string, viaRuntime bool) (*csi.VolumeHealth, error) {
+	cs, err := d.cfg.Node.Health(ctx, id, viaRuntime)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -35,7 +35,7 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 	if _, err := d.lookup(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	h, err := d.volumeHealth(req.GetVolumeId())
+	h, err := d.volumeHealth(ctx, req.GetVolumeId(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +63,7 @@ func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.Contro
 			resp.NextToken = v.ID
 			break
 		}
-		h, err := d.volumeHealth(v.ID)
+		h, err := d.volumeHealth(ctx, v.ID, false)
 		if status.Code(err) == codes.NotFound {
 			continue // deleted meanwhile
 		}
@@ -79,7 +79,7 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 	if _, err := d.lookup(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	h, err := d.volumeHealth(d.volumeID(req.GetVolumeId()))
+	h, err := d.volumeHealth(ctx, d.volumeID(req.GetVolumeId()), true)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.NodeServiceCapability_RPC_GET_STORAGE_HEALTH,
+		csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})
 	}
@@ -98,7 +99,15 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, err
 	}
 	mode := c.GetAccessMode().GetMode()
-	err := d.cfg.Node.Publish(ctx, node.PublishRequest{
+	v, err := d.lookup(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	direct, err := d.directAssign(ctx, v.Parameters[ParamDirectAssign], req.GetVolumeContext())
+	if err != nil {
+		return nil, err
+	}
+	err = d.cfg.Node.Publish(ctx, node.PublishRequest{
 		VolumeID:    req.GetVolumeId(),
 		StagingPath: req.GetStagingTargetPath(),
 		TargetPath:  req.GetTargetPath(),
@@ -106,6 +115,10 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		ReadOnly:    req.GetReadonly() || mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
 		MountFlags:  c.GetMount().GetMountFlags(),
 		Exclusive:   mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		Direct:      direct,
+		FsGroup:     c.GetMount().GetVolumeMountGroup(),
+
+		FsGroupChangePolicy: v.Parameters[ParamFsGroupChangePolicy],
 	})
 	if err != nil {
 		return nil, toStatus(err)
@@ -145,7 +158,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if _, err := d.lookup(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	st, err := d.cfg.Node.VolumeStats(d.volumeID(req.GetVolumeId()), req.GetVolumePath())
+	st, err := d.cfg.Node.VolumeStats(ctx, d.volumeID(req.GetVolumeId()), req.GetVolumePath())
 	if err != nil {
 		return nil, toStatus(err)
 	}

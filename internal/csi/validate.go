@@ -20,10 +20,18 @@ const maxPathLength = 4096
 // Parameter keys a StorageClass may set. Keys under csi.storage.k8s.io/ are
 // added by the sidecars (PVC name and namespace) and are ignored.
 const (
-	ParamFsType = "fsType"
+	ParamFsType              = "fsType"
+	ParamDirectAssign        = "directAssign"
+	ParamFsGroupChangePolicy = "fsGroupChangePolicy"
 )
 
-var allowedParams = []string{ParamFsType}
+var allowedParams = []string{ParamFsType, ParamDirectAssign, ParamFsGroupChangePolicy}
+
+// allowedValues restricts parameters whose values are a fixed set.
+var allowedValues = map[string][]string{
+	ParamDirectAssign:        {"never", "always", "auto"},
+	ParamFsGroupChangePolicy: {"Always", "OnRootMismatch"},
+}
 
 const sidecarPrefix = "csi.storage.k8s.io/"
 
@@ -145,6 +153,9 @@ func volumeParameters(params map[string]string) (map[string]string, error) {
 		switch {
 		case strings.HasPrefix(k, sidecarPrefix):
 		case slices.Contains(allowedParams, k):
+			if vals, ok := allowedValues[k]; ok && !slices.Contains(vals, v) {
+				return nil, invalid("parameter %s=%q: allowed values are %s", k, v, strings.Join(vals, ", "))
+			}
 			out[k] = v
 		default:
 			unknown = append(unknown, k)

@@ -34,6 +34,13 @@ func (n *Node) Expand(ctx context.Context, id, path string, size int64) (int64, 
 	if err := device.LoopSetCapacity(s.Device); err != nil {
 		return 0, err
 	}
+	if t, direct := directPublication(v); direct {
+		// The filesystem is the guest's: only the runtime can grow it.
+		if err := n.resizeDirect(ctx, v, t); err != nil {
+			return 0, err
+		}
+		return v.SizeBytes, n.pool.FsGrown(id)
+	}
 	if s.Block || !v.GrowFs {
 		return v.SizeBytes, n.pool.FsGrown(id)
 	}

@@ -1,11 +1,14 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -26,8 +29,10 @@ type Condition struct {
 }
 
 // Health checks a volume for what can go wrong with an image, its loop
-// device, its mounts and its filesystem. No condition means healthy.
-func (n *Node) Health(id string) ([]Condition, error) {
+// device, its mounts and its filesystem. No condition means healthy. With
+// viaRuntime, a direct-assigned volume is also asked about through the
+// runtime that holds it (only the node side does that).
+func (n *Node) Health(ctx context.Context, id string, viaRuntime bool) ([]Condition, error) {
 	v, err := n.volume(id)
 	if err != nil {
 		return nil, err
@@ -58,6 +63,21 @@ func (n *Node) Health(id string) ([]Condition, error) {
 		return cs, nil
 	case backing != img:
 		add(Inaccessible, "LoopDeviceMismatch", "loop device %s now serves %s, not this volume's image: something outside podvol reused it; restart the pod to stage the volume again", s.Device, backing)
+		return cs, nil
+	}
+	if t, direct := directPublication(v); direct {
+		if !viaRuntime {
+			return cs, nil
+		}
+		st, err := n.direct.Stats(ctx, t, s.Device)
+		switch {
+		case errors.Is(err, directvolume.ErrNoSandbox):
+			return nil, fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: %w", v.ID, pool.ErrInUse)
+		case err != nil:
+			add(Inaccessible, "RuntimeUnreachable", "the runtime holding volume %s did not answer: %v", v.ID, err)
+		case st.Condition != nil && (st.Condition.Abnormal || (st.Condition.Message != "" && st.Condition.Message != "OK")):
+			add(Degraded, "RuntimeReportsAbnormal", "the guest reports: %s", st.Condition.Message)
+		}
 		return cs, nil
 	}
 	if s.Block {

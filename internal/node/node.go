@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
@@ -24,12 +25,16 @@ import (
 
 // Node stages and publishes volumes of one pool.
 type Node struct {
-	pool  *pool.Pool
-	store *store.Store
+	pool   *pool.Pool
+	store  *store.Store
+	direct *directvolume.Shim // nil: no direct assignment
 }
 
-// New returns a Node for p.
-func New(p *pool.Pool) *Node { return &Node{pool: p, store: p.Store()} }
+// New returns a Node for p. direct configures Kata direct assignment; nil
+// turns it off.
+func New(p *pool.Pool, direct *directvolume.Shim) *Node {
+	return &Node{pool: p, store: p.Store(), direct: direct}
+}
 
 // StageRequest is a validated NodeStageVolume.
 type StageRequest struct {
@@ -223,7 +228,8 @@ func (n *Node) stageIntact(v *store.Volume) bool {
 	if device.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
 		return false
 	}
-	if s.Block {
+	if _, direct := directPublication(v); s.Block || direct {
+		// A direct-assigned volume is deliberately not mounted here.
 		return true
 	}
 	m, err := device.MountedAt(s.Path)
@@ -286,8 +292,14 @@ func (n *Node) teardownStage(v *store.Volume) error {
 // targets that are.
 func (n *Node) livePublications(v *store.Volume) []string {
 	var live, stale []string
-	for t := range v.Publications {
-		if m, _ := device.MountedAt(t); m != nil {
+	for t, p := range v.Publications {
+		alive := false
+		if p.Direct {
+			alive = n.direct != nil && directvolume.Exists(n.direct.Root, t)
+		} else if m, _ := device.MountedAt(t); m != nil {
+			alive = true
+		}
+		if alive {
 			live = append(live, t)
 		} else {
 			stale = append(stale, t)

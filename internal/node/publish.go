@@ -27,6 +27,12 @@ type PublishRequest struct {
 	// Exclusive is ReadWriteOncePod (SINGLE_NODE_SINGLE_WRITER): the volume
 	// may be published at one target only.
 	Exclusive bool
+	// Direct assigns the volume to a microVM instead of mounting it.
+	Direct bool
+	// FsGroup is the pod's fsGroup (VOLUME_MOUNT_GROUP), a numeric gid.
+	FsGroup string
+	// FsGroupChangePolicy is Always or OnRootMismatch.
+	FsGroupChangePolicy string
 }
 
 // bindFlags are the per-mount flags a bind mount can carry. Filesystem
@@ -45,6 +51,12 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 	}
 	if s.Block != r.Block {
 		return fmt.Errorf("volume %s is staged for %s access, publish asks for %s: %w", v.ID, accessName(s.Block), accessName(r.Block), pool.ErrInvalid)
+	}
+	if r.Direct {
+		return n.publishDirect(ctx, v, r)
+	}
+	if t, direct := directPublication(v); direct && t != r.TargetPath {
+		return fmt.Errorf("volume %s is assigned to a microVM at %s: it cannot be mounted on the host meanwhile: %w", v.ID, t, pool.ErrInUse)
 	}
 	if p, ok := v.Publications[r.TargetPath]; ok && p.State == store.Published {
 		if p.ReadOnly != r.ReadOnly || (p.AccessMode == 1) != r.Exclusive {
@@ -128,6 +140,17 @@ func (n *Node) bind(ctx context.Context, v *store.Volume, r PublishRequest) erro
 	if err := device.Mount(ctx, source, r.TargetPath, "", opts); err != nil {
 		return fmt.Errorf("publish volume %s at %s: %w", v.ID, r.TargetPath, err)
 	}
+	if r.FsGroup != "" && !r.Block && !r.ReadOnly {
+		g, err := gid(r.FsGroup)
+		if err == nil {
+			// kubelet leaves fsGroup to a driver with VOLUME_MOUNT_GROUP.
+			err = device.SetGroup(r.TargetPath, g, r.FsGroupChangePolicy == "OnRootMismatch")
+		}
+		if err != nil {
+			_ = device.Unmount(r.TargetPath)
+			return fmt.Errorf("apply fsGroup %s to volume %s: %w", r.FsGroup, v.ID, err)
+		}
+	}
 	return nil
 }
 
@@ -155,6 +178,9 @@ func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 			return fmt.Errorf("volume %s does not exist here, yet %s is mounted at %s: leaving it alone: %w", id, m.Source, target, pool.ErrNotFound)
 		}
 		return removeTarget(target)
+	}
+	if p, ok := v.Publications[target]; ok && p.Direct {
+		return n.undoDirect(ctx, v.ID, target)
 	}
 	if m != nil {
 		if _, ours := v.Publications[target]; !ours && !n.mountIsVolume(v, m) {

@@ -7,6 +7,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -53,6 +54,18 @@ func (n *Node) Recover(ctx context.Context) error {
 		if v.Stage == nil || v.Stage.State != store.Staged {
 			continue
 		}
+		for t, p := range v.Publications {
+			if p.Direct && p.State == store.Publishing && n.direct != nil && !directvolume.Exists(n.direct.Root, t) {
+				klog.InfoS("Rolling back interrupted direct assignment", "volume", v.ID, "target", t)
+				if err := n.undoDirect(ctx, v.ID, t); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		if v, err = n.store.Volume(v.ID); err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		n.livePublications(v)
 		_, err := n.store.Update(v.ID, func(v *store.Volume) error {
 			for t, p := range v.Publications {
@@ -66,6 +79,9 @@ func (n *Node) Recover(ctx context.Context) error {
 		if err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if n.direct != nil {
+		n.scanDirect(vols)
 	}
 	loops, err := device.LoopDevices()
 	if err != nil {
@@ -102,9 +118,33 @@ func (n *Node) restoreStage(ctx context.Context, v *store.Volume) (string, error
 	}); err != nil {
 		return dev, err
 	}
-	if v.Stage.Block || !isDir(v.Stage.Path) {
+	if _, direct := directPublication(v); v.Stage.Block || direct || !isDir(v.Stage.Path) {
 		return dev, nil
 	}
 	klog.InfoS("Restoring staging mount", "volume", v.ID, "device", dev, "stagingPath", v.Stage.Path)
 	return dev, n.mountStaging(ctx, v, dev, v.Stage.Path, v.Stage.MountFlags)
+}
+
+// scanDirect looks at every direct-volume entry: podvol's own were recovered
+// above with their volumes; anything else belongs to another driver and is
+// left alone.
+func (n *Node) scanDirect(vols []*store.Volume) {
+	targets, err := directvolume.Scan(n.direct.Root)
+	if err != nil {
+		klog.ErrorS(err, "Reading the direct-volume directory", "root", n.direct.Root)
+		return
+	}
+	ours := map[string]bool{}
+	for _, v := range vols {
+		for t, p := range v.Publications {
+			if p.Direct {
+				ours[t] = true
+			}
+		}
+	}
+	for _, t := range targets {
+		if !ours[t] {
+			klog.V(2).InfoS("Leaving a direct-volume entry podvol did not write", "target", t)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/podvol/podvol/internal/device"
@@ -15,7 +16,7 @@ type Stats struct {
 
 // VolumeStats reports usage of a volume at one of its staging or target
 // paths; any other path is refused.
-func (n *Node) VolumeStats(id, path string) (Stats, error) {
+func (n *Node) VolumeStats(ctx context.Context, id, path string) (Stats, error) {
 	v, err := n.volume(id)
 	if err != nil {
 		return Stats{}, err
@@ -24,6 +25,9 @@ func (n *Node) VolumeStats(id, path string) (Stats, error) {
 	_, published := v.Publications[path]
 	if s == nil || (!published && s.Path != path) {
 		return Stats{}, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, pool.ErrNotFound)
+	}
+	if t, direct := directPublication(v); direct {
+		return n.directStats(ctx, v, t)
 	}
 	if s.Block {
 		size, err := device.DeviceSize(s.Device)

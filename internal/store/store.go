@@ -99,6 +99,9 @@ type Stage struct {
 
 // Publication records a NodePublishVolume at one target path.
 type Publication struct {
+	// Direct: assigned to a microVM through the Kata direct-volume
+	// protocol instead of mounted at the target.
+	Direct     bool   `json:"direct,omitempty"`
 	Block      bool   `json:"block,omitempty"`
 	ReadOnly   bool   `json:"readOnly,omitempty"`
 	AccessMode int32  `json:"accessMode"`
