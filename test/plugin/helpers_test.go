@@ -49,19 +49,30 @@ type env struct {
 
 func newEnv(t *testing.T, o plugintest.Options) *env {
 	plugintest.RequireRoot(t)
-	dir := plugintest.TempDir(t)
-	o.Dir = dir
-	if o.PoolDir == "xfs" {
-		o.PoolDir = plugintest.XFSPool(t, dir, 8<<30)
-	}
+	o.Dir = plugintest.TempDir(t)
 	o.NodeID = node
-	e := &env{t: t, dir: dir, p: plugintest.Start(t, o)}
+	if o.PoolDir == "xfs" {
+		o.PoolDir = plugintest.XFSPool(t, o.Dir, 8<<30)
+	}
+	return start(t, o)
+}
+
+func start(t *testing.T, o plugintest.Options) *env {
+	e := &env{t: t, dir: o.Dir, p: plugintest.Start(t, o)}
 	for _, d := range []string{"staging", "pods"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o750); err != nil {
+		if err := os.MkdirAll(filepath.Join(o.Dir, d), 0o750); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return e
+}
+
+// newEnvArgs is newEnv with plugin arguments that depend on the test
+// directory.
+func newEnvArgs(t *testing.T, args func(dir string) []string) *env {
+	plugintest.RequireRoot(t)
+	dir := plugintest.TempDir(t)
+	return start(t, plugintest.Options{Dir: dir, NodeID: node, Args: args(dir)})
 }
 
 func (e *env) staging(id string) string { return filepath.Join(e.dir, "staging", id) }
