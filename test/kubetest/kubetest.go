@@ -1,0 +1,86 @@
+// Package kubetest starts a real kube-apiserver and etcd for tests
+// (controller-runtime's envtest), with binaries built from Go modules by
+// tools/k8s/build.sh and cached by version outside the repository.
+package kubetest
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+var (
+	assetsOnce sync.Once
+	assetsDir  string
+	assetsErr  error
+)
+
+// Assets builds (or finds cached) etcd, kube-apiserver and kubectl and
+// returns their directory. The first build takes minutes; it says so.
+func Assets(t testing.TB) string {
+	t.Helper()
+	assetsOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		script := filepath.Join(filepath.Dir(file), "..", "..", "tools", "k8s", "build.sh")
+		cmd := exec.Command(script, "etcd", "kube-apiserver", "kubectl")
+		var out, errb bytes.Buffer
+		cmd.Stdout = &out
+		cmd.Stderr = &errb
+		t.Logf("building or finding the Kubernetes test binaries (a cold build takes ~6 minutes)")
+		if err := cmd.Run(); err != nil {
+			assetsErr = err
+			assetsDir = errb.String()
+			return
+		}
+		assetsDir = strings.TrimSpace(out.String())
+	})
+	if assetsErr != nil {
+		t.Fatalf("building the Kubernetes test binaries failed: %v\n%s", assetsErr, assetsDir)
+	}
+	return assetsDir
+}
+
+// Env is a running kube-apiserver with etcd.
+type Env struct {
+	Config *rest.Config
+	// Kubeconfig is a file for processes (the plugin) to reach the API as
+	// a cluster admin.
+	Kubeconfig string
+	env        *envtest.Environment
+}
+
+// Start starts the API server; it is stopped when the test ends.
+func Start(t testing.TB, crdDirs ...string) *Env {
+	t.Helper()
+	e := &envtest.Environment{BinaryAssetsDirectory: Assets(t), CRDDirectoryPaths: crdDirs, ErrorIfCRDPathMissing: true}
+	cfg, err := e.Start()
+	if err != nil {
+		t.Fatalf("start kube-apiserver and etcd: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := e.Stop(); err != nil {
+			t.Errorf("stop kube-apiserver and etcd: %v", err)
+		}
+	})
+	user, err := e.AddUser(envtest.User{Name: "podvol-test-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &Env{Config: cfg, Kubeconfig: path, env: e}
+}
