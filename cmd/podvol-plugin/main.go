@@ -24,6 +24,7 @@ import (
 	"github.com/podvol/podvol/internal/metrics"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/registration"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -43,6 +44,8 @@ func main() {
 		kataDir     = flag.String("kata-direct-volumes-dir", directvolume.DefaultRoot, "where the Kata runtime reads the mount information of direct-assigned volumes")
 		sandboxDirs = flag.String("kata-sandbox-dirs", strings.Join(directvolume.DefaultSandboxDirs, ","), "comma-separated directories holding Kata sandboxes' shim-monitor.sock")
 		kubeconfig  = flag.String("kubeconfig", "", "kubeconfig for directAssign=auto (reading pods and RuntimeClasses); default: in-cluster config when run in a pod, else none")
+		regDir      = flag.String("registration-dir", "", "kubelet's plugin registration directory (e.g. /var/lib/kubelet/plugins_registry); empty: do not register")
+		regPath     = flag.String("kubelet-registration-path", "", "the CSI socket's path as the kubelet sees it (default: the --endpoint path)")
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
 	klog.InitFlags(nil)
@@ -53,7 +56,7 @@ func main() {
 	}
 	cfg := config{endpoint: *endpoint, nodeID: *nodeID, poolDir: *poolDir, capacity: *capacity, metricsAddr: *metricsAddr,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
-		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig}
+		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath}
 	if err := run(cfg); err != nil {
 		klog.ErrorS(err, "podvol-plugin failed")
 		klog.Flush()
@@ -68,6 +71,7 @@ type config struct {
 	gcInterval                                       time.Duration
 	kataDir, kubeconfig                              string
 	sandboxDirs                                      []string
+	regDir, regPath                                  string
 }
 
 func quantity(flagName, v string) (int64, error) {
@@ -158,6 +162,18 @@ func run(c config) error {
 		go func() {
 			if err := m.Serve(ctx, c.metricsAddr, p.Check); err != nil {
 				klog.ErrorS(err, "Metrics server failed")
+				stop()
+			}
+		}()
+	}
+	if c.regDir != "" {
+		path := c.regPath
+		if path == "" {
+			path = strings.TrimPrefix(c.endpoint, "unix://")
+		}
+		go func() {
+			if err := registration.Serve(ctx, c.regDir, csi.DriverName, path); err != nil {
+				klog.ErrorS(err, "Kubelet plugin registration failed: pods on this node cannot use podvol volumes")
 				stop()
 			}
 		}()

@@ -170,3 +170,19 @@ func DeviceSize(dev string) (int64, error) {
 	}
 	return int64(size), nil
 }
+
+// LoopInode returns the device and inode numbers of a loop device's backing
+// file: unlike the path in /sys, they do not depend on the mount namespace
+// that attached it.
+func LoopInode(dev string) (device, inode uint64, err error) {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err != nil {
+		return 0, 0, err
+	}
+	return info.Device, info.Inode, nil
+}

@@ -1,0 +1,59 @@
+// Command podvol-dev runs podvol's dev cluster: a real single-node Kubernetes
+// on this machine with podvol deployed (see internal/devcluster).
+//
+//	podvol-dev up      build what is missing, start the cluster, deploy podvol
+//	podvol-dev demo    up, then walk through every volume lifecycle
+//	podvol-dev down    stop everything and leave the machine as it was
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/podvol/podvol/internal/devcluster"
+)
+
+func main() {
+	dir := flag.String("dir", devcluster.DefaultDir(), "directory holding all of the cluster's state (PODVOL_DEV_DIR)")
+	pool := flag.String("pool-size", "20Gi", "size of the XFS image backing podvol's pool")
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: podvol-dev [flags] up|demo|down\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() != 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	q, err := resource.ParseQuantity(*pool)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "--pool-size %q: %v\n", *pool, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	c := devcluster.New(devcluster.Config{Dir: *dir, PoolSize: q.Value()})
+	switch flag.Arg(0) {
+	case "up":
+		err = c.Up(ctx)
+	case "demo":
+		if err = c.Up(ctx); err == nil {
+			err = c.Demo(ctx)
+		}
+	case "down":
+		err = c.Down(context.Background())
+	default:
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "\npodvol-dev %s failed: %v\nLogs of every component are in %s/logs.\n", flag.Arg(0), err, *dir)
+		os.Exit(1)
+	}
+}

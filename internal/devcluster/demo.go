@@ -1,0 +1,344 @@
+package devcluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Image is the busybox image every demo and e2e pod runs.
+const Image = "localhost/busybox:podvol"
+
+// Apply applies a manifest.
+func (c *Cluster) Apply(ctx context.Context, manifest string) error {
+	f, err := os.CreateTemp(c.path("run"), "manifest-*.yaml")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.WriteString(manifest); err != nil {
+		return err
+	}
+	f.Close()
+	_, err = c.kubectl(ctx, "apply", "-f", f.Name())
+	return err
+}
+
+// WaitPod waits until the pod is Ready.
+func (c *Cluster) WaitPod(ctx context.Context, ns, name string, timeout time.Duration) error {
+	_, err := c.kubectl(ctx, "-n", ns, "wait", "--for=condition=Ready", "--timeout="+timeout.String(), "pod/"+name)
+	if err != nil {
+		desc, _ := c.kubectl(ctx, "-n", ns, "describe", "pod", name)
+		return fmt.Errorf("%w\n%s", err, lastLines(desc, 25))
+	}
+	return nil
+}
+
+// Exec runs a shell command in a pod and returns its output.
+func (c *Cluster) Exec(ctx context.Context, ns, pod, script string) (string, error) {
+	out, err := c.kubectl(ctx, "-n", ns, "exec", pod, "--", "sh", "-c", script)
+	return strings.TrimSpace(out), err
+}
+
+// Get returns a jsonpath of an object.
+func (c *Cluster) Get(ctx context.Context, ns, obj, jsonpath string) (string, error) {
+	args := []string{"get", obj, "-o", "jsonpath=" + jsonpath}
+	if ns != "" {
+		args = append([]string{"-n", ns}, args...)
+	}
+	out, err := c.kubectl(ctx, args...)
+	return strings.TrimSpace(out), err
+}
+
+// PodSpec is the spec of a busybox pod that runs script, then sleeps, with
+// one volume mounted at path, indented by n spaces. volume is the volume's
+// definition below its name, at indentation 0 (e.g. "csi:\n  driver: ...").
+func PodSpec(n int, script, name, path, volume string) string {
+	s := fmt.Sprintf(`terminationGracePeriodSeconds: 1
+containers:
+- name: main
+  image: %s
+  imagePullPolicy: IfNotPresent
+  command: ["sh", "-c", %q]
+  volumeMounts: [{name: %s, mountPath: %s}]
+`, Image, script+" && exec sleep 36000", name, path)
+	if volume != "" {
+		s += "volumes:\n- name: " + name + "\n" + indent(volume, 2) + "\n"
+	}
+	return indent(s, n)
+}
+
+type demoRow struct{ lifecycle, objects, where, result string }
+
+// Demo walks through every volume lifecycle on the running cluster, checking
+// each, and ends with a table.
+func (c *Cluster) Demo(ctx context.Context) error {
+	const ns = "podvol-demo"
+	steps := []struct {
+		name string
+		run  func() (objects, where string, err error)
+	}{
+		{"generic ephemeral volume (Deployment)", func() (string, string, error) { return c.demoGenericEphemeral(ctx, ns) }},
+		{"CSI inline ephemeral volume (Pod)", func() (string, string, error) { return c.demoInline(ctx, ns) }},
+		{"persistent volume (StatefulSet), pod restarted", func() (string, string, error) { return c.demoStatefulSet(ctx, ns) }},
+		{"snapshot and restore", func() (string, string, error) { return c.demoSnapshot(ctx, ns) }},
+		{"clone", func() (string, string, error) { return c.demoClone(ctx, ns) }},
+		{"online resize (xfs)", func() (string, string, error) { return c.demoResize(ctx, ns) }},
+	}
+	fmt.Fprintf(c.Out, "\n== podvol demo: every lifecycle, in namespace %s\n", ns)
+	_, _ = c.kubectl(ctx, "delete", "namespace", ns, "--ignore-not-found", "--wait=true", "--timeout=2m")
+	if _, err := c.kubectl(ctx, "create", "namespace", ns); err != nil {
+		return err
+	}
+	var rows []demoRow
+	failed := 0
+	start := time.Now()
+	for i, s := range steps {
+		fmt.Fprintf(c.Out, "[%d/%d] %s (%s so far)\n", i+1, len(steps), s.name, time.Since(start).Round(time.Second))
+		objects, where, err := s.run()
+		r := demoRow{s.name, objects, where, "pass"}
+		if err != nil {
+			failed++
+			r.result = "FAIL"
+			fmt.Fprintf(c.Out, "      FAILED: %v\n", err)
+		}
+		rows = append(rows, r)
+	}
+	fmt.Fprintln(c.Out)
+	tw := tabwriter.NewWriter(c.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "LIFECYCLE\tOBJECTS\tWHERE THE VOLUME LIVES\tRESULT")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.lifecycle, r.objects, r.where, r.result)
+	}
+	tw.Flush()
+	fmt.Fprintf(c.Out, "\nLook around: export KUBECONFIG=%s; kubectl -n %s get pods,pvc,volumesnapshots\nTear down: make down\n", c.Kubeconfig(), ns)
+	if failed > 0 {
+		return fmt.Errorf("%d of %d lifecycles failed", failed, len(steps))
+	}
+	return nil
+}
+
+// where tells on which node and in which image file a PVC's volume lives.
+func (c *Cluster) where(ctx context.Context, ns, pvc string) string {
+	pv, _ := c.Get(ctx, ns, "pvc/"+pvc, "{.spec.volumeName}")
+	node, _ := c.Get(ctx, "", "pv/"+pv, "{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}")
+	handle, _ := c.Get(ctx, "", "pv/"+pv, "{.spec.csi.volumeHandle}")
+	return fmt.Sprintf("node %s, %s/volumes/%s.img", node, c.path("pool"), handle)
+}
+
+func (c *Cluster) demoGenericEphemeral(ctx context.Context, ns string) (string, string, error) {
+	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata: {name: scratch, namespace: %s}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: scratch}}
+  template:
+    metadata: {labels: {app: scratch}}
+    spec:
+%s`, ns, PodSpec(6, "echo scratch > /scratch/hello", "scratch", "/scratch", `ephemeral:
+  volumeClaimTemplate:
+    spec:
+      accessModes: [ReadWriteOnce]
+      storageClassName: podvol
+      resources: {requests: {storage: 256Mi}}`)))
+	if err != nil {
+		return "", "", err
+	}
+	if _, err := c.kubectl(ctx, "-n", ns, "rollout", "status", "deployment/scratch", "--timeout=3m"); err != nil {
+		return "", "", err
+	}
+	pod, err := c.Get(ctx, ns, "pods", "{.items[0].metadata.name}")
+	if err != nil {
+		return "", "", err
+	}
+	out, err := c.Exec(ctx, ns, pod, "cat /scratch/hello")
+	if err != nil || out != "scratch" {
+		return "", "", fmt.Errorf("read back %q: %v", out, err)
+	}
+	owner, _ := c.Get(ctx, ns, "pvc/"+pod+"-scratch", "{.metadata.ownerReferences[0].name}")
+	if owner != pod {
+		return "", "", fmt.Errorf("PVC %s-scratch is owned by %q, not the pod", pod, owner)
+	}
+	return "Deployment scratch, Pod " + pod + ", PVC " + pod + "-scratch (owned by the pod)", c.where(ctx, ns, pod+"-scratch"), nil
+}
+
+func (c *Cluster) demoInline(ctx context.Context, ns string) (string, string, error) {
+	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: inline, namespace: %s}
+spec:
+%s`, ns, PodSpec(2, "echo inline > /scratch/hello", "scratch", "/scratch", `csi:
+  driver: podvol.io
+  volumeAttributes: {size: 128Mi}`)))
+	if err != nil {
+		return "", "", err
+	}
+	if err := c.WaitPod(ctx, ns, "inline", 3*time.Minute); err != nil {
+		return "", "", err
+	}
+	out, err := c.Exec(ctx, ns, "inline", "cat /scratch/hello && df -h /scratch | tail -1")
+	if err != nil || !strings.HasPrefix(out, "inline") {
+		return "", "", fmt.Errorf("read back %q: %v", out, err)
+	}
+	return "Pod inline (volumes[].csi, no PVC)", "node " + c.NodeName + ", an image in " + c.path("pool", "volumes") + ", deleted with the pod", nil
+}
+
+func (c *Cluster) demoStatefulSet(ctx context.Context, ns string) (string, string, error) {
+	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db, namespace: %s}
+spec:
+  serviceName: db
+  replicas: 1
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+%s  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      accessModes: [ReadWriteOnce]
+      storageClassName: podvol-xfs
+      resources: {requests: {storage: 512Mi}}
+`, ns, PodSpec(6, "test -f /data/rows || echo 'row 1' > /data/rows", "data", "/data", "")))
+	if err != nil {
+		return "", "", err
+	}
+	if err := c.waitSts(ctx, ns); err != nil {
+		return "", "", err
+	}
+	if _, err := c.kubectl(ctx, "-n", ns, "delete", "pod", "db-0", "--wait=true"); err != nil {
+		return "", "", err
+	}
+	if err := c.waitSts(ctx, ns); err != nil {
+		return "", "", err
+	}
+	out, err := c.Exec(ctx, ns, "db-0", "cat /data/rows")
+	if err != nil || out != "row 1" {
+		return "", "", fmt.Errorf("after the pod's restart: %q: %v", out, err)
+	}
+	return "StatefulSet db, PVC data-db-0 (podvol-xfs)", c.where(ctx, ns, "data-db-0"), nil
+}
+
+func (c *Cluster) waitSts(ctx context.Context, ns string) error {
+	if _, err := c.kubectl(ctx, "-n", ns, "rollout", "status", "statefulset/db", "--timeout=3m"); err != nil {
+		return err
+	}
+	return c.WaitPod(ctx, ns, "db-0", 3*time.Minute)
+}
+
+// readerPod runs a pod that mounts pvc and prints the file.
+func (c *Cluster) readerPod(ctx context.Context, ns, name, pvc string) (string, error) {
+	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: %s}
+spec:
+%s`, name, ns, PodSpec(2, "true", "data", "/data", "persistentVolumeClaim: {claimName: "+pvc+"}")))
+	if err != nil {
+		return "", err
+	}
+	if err := c.WaitPod(ctx, ns, name, 3*time.Minute); err != nil {
+		return "", err
+	}
+	return c.Exec(ctx, ns, name, "cat /data/rows")
+}
+
+func (c *Cluster) demoSnapshot(ctx context.Context, ns string) (string, string, error) {
+	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: db-snap, namespace: %[1]s}
+spec:
+  volumeSnapshotClassName: podvol
+  source: {persistentVolumeClaimName: data-db-0}
+`, ns))
+	if err != nil {
+		return "", "", err
+	}
+	if _, err := c.kubectl(ctx, "-n", ns, "wait", "--for=jsonpath={.status.readyToUse}=true", "--timeout=3m", "volumesnapshot/db-snap"); err != nil {
+		return "", "", err
+	}
+	// Written after the snapshot: the restore must not see it.
+	if _, err := c.Exec(ctx, ns, "db-0", "echo 'row 2' >> /data/rows"); err != nil {
+		return "", "", err
+	}
+	err = c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: db-restore, namespace: %s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: podvol-xfs
+  resources: {requests: {storage: 512Mi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: db-snap}
+`, ns))
+	if err != nil {
+		return "", "", err
+	}
+	out, err := c.readerPod(ctx, ns, "restore-reader", "db-restore")
+	if err != nil || out != "row 1" {
+		return "", "", fmt.Errorf("restored volume holds %q, want the data at the snapshot: %v", out, err)
+	}
+	return "VolumeSnapshot db-snap, PVC db-restore", c.where(ctx, ns, "db-restore") + " (reflink of the snapshot)", nil
+}
+
+func (c *Cluster) demoClone(ctx context.Context, ns string) (string, string, error) {
+	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: db-clone, namespace: %s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: podvol-xfs
+  resources: {requests: {storage: 512Mi}}
+  dataSource: {kind: PersistentVolumeClaim, name: data-db-0}
+`, ns))
+	if err != nil {
+		return "", "", err
+	}
+	out, err := c.readerPod(ctx, ns, "clone-reader", "db-clone")
+	if err != nil || out != "row 1\nrow 2" {
+		return "", "", fmt.Errorf("clone holds %q, want the source's data: %v", out, err)
+	}
+	return "PVC db-clone (dataSource: PVC data-db-0)", c.where(ctx, ns, "db-clone") + " (reflink of the source)", nil
+}
+
+func (c *Cluster) demoResize(ctx context.Context, ns string) (string, string, error) {
+	if _, err := c.kubectl(ctx, "-n", ns, "patch", "pvc", "data-db-0", "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"1Gi"}}}}`); err != nil {
+		return "", "", err
+	}
+	var size string
+	err := waitFor("the pod to see its volume grow to 1 GiB", 3*time.Minute, func() error {
+		out, err := c.Exec(ctx, ns, "db-0", "df -k /data | tail -1 | awk '{print $2}'")
+		if err != nil {
+			return err
+		}
+		size = out
+		var kb int
+		fmt.Sscan(out, &kb)
+		if kb < 900*1024 {
+			return fmt.Errorf("filesystem is %s KiB: %w", out, errNotYet)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", "", err
+	}
+	out, err := c.Exec(ctx, ns, "db-0", "cat /data/rows")
+	if err != nil || !strings.HasPrefix(out, "row 1") {
+		return "", "", fmt.Errorf("data after resize: %q: %v", out, err)
+	}
+	return "PVC data-db-0 512Mi -> 1Gi while db-0 runs", c.where(ctx, ns, "data-db-0") + " (" + size + " KiB now)", nil
+}
+
+func indent(s string, n int) string {
+	pad := strings.Repeat(" ", n)
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = pad + l
+		}
+	}
+	return strings.Join(lines, "\n")
+}

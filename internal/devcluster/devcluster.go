@@ -1,0 +1,330 @@
+// Package devcluster runs a real single-node Kubernetes with podvol deployed
+// on this machine: the target of `make demo` and of the end-to-end tests.
+// Kubernetes, etcd and the CSI sidecars are built from Go modules (cached by
+// version outside the repository); containerd, runc and the CNI plugins come
+// from Debian; images are built as OCI archives and imported, since no
+// registry is reachable. Everything listens on 127.0.0.1 and lives under one
+// directory, and Down leaves the machine as it was.
+package devcluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/podvol/podvol/internal/device"
+)
+
+// Config says where and how big.
+type Config struct {
+	// Dir holds every file the cluster makes.
+	Dir string
+	// Repo is the podvol source tree (deploy/, tools/).
+	Repo string
+	// NodeName is the kubelet's node name.
+	NodeName string
+	// PoolSize is the size of the XFS image backing podvol's pool.
+	PoolSize int64
+	Out      io.Writer
+}
+
+// Cluster is one dev cluster.
+type Cluster struct {
+	Config
+	p    *progress
+	bins map[string]string
+}
+
+const (
+	// Kubernetes is the version the cluster runs.
+	Kubernetes = "v1.37.2"
+	bridge     = "podvol0"
+)
+
+// DefaultDir is where the cluster lives unless PODVOL_DEV_DIR says otherwise.
+func DefaultDir() string {
+	if d := os.Getenv("PODVOL_DEV_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/podvol-dev"
+}
+
+// RepoRoot finds the podvol source tree from this file's location.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// New returns a Cluster with defaults filled in.
+func New(c Config) *Cluster {
+	if c.Dir == "" {
+		c.Dir = DefaultDir()
+	}
+	if c.Repo == "" {
+		c.Repo = RepoRoot()
+	}
+	if c.NodeName == "" {
+		c.NodeName = "localhost"
+	}
+	if c.PoolSize == 0 {
+		c.PoolSize = 20 << 30
+	}
+	if c.Out == nil {
+		c.Out = os.Stdout
+	}
+	return &Cluster{Config: c, p: &progress{out: c.Out, start: time.Now()}}
+}
+
+// Kubeconfig is the admin kubeconfig of the cluster.
+func (c *Cluster) Kubeconfig() string { return filepath.Join(c.Dir, "admin.kubeconfig") }
+
+// Kubectl is the path of the kubectl binary the cluster uses.
+func (c *Cluster) Kubectl() string { return c.bins["kubectl"] }
+
+func (c *Cluster) path(p ...string) string { return filepath.Join(append([]string{c.Dir}, p...)...) }
+
+// Up builds what is missing, starts every component, deploys podvol and
+// waits until it serves. Running it again on a running cluster re-deploys
+// podvol and changes nothing else.
+func (c *Cluster) Up(ctx context.Context) error {
+	c.p.total = 9
+	c.p.next("checking the machine")
+	if err := c.checkHost(); err != nil {
+		return err
+	}
+	for _, d := range []string{"run", "logs", "images", "kubelet", "pool", "cni", "containerd", "deploy"} {
+		if err := os.MkdirAll(c.path(d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := c.recordHostPaths(); err != nil {
+		return err
+	}
+	c.p.next("building binaries (cached by version; a cold build of Kubernetes and the sidecars takes ~20 minutes on 2 cores)")
+	if err := c.buildBinaries(ctx); err != nil {
+		return err
+	}
+	c.p.next("building images")
+	if err := c.buildImages(); err != nil {
+		return err
+	}
+	c.p.next("preparing certificates and podvol's XFS pool")
+	if err := c.preparePKI(); err != nil {
+		return err
+	}
+	if err := c.preparePool(ctx); err != nil {
+		return err
+	}
+	c.p.next("starting etcd and kube-apiserver")
+	if err := c.startControlPlane(); err != nil {
+		return err
+	}
+	c.p.next("starting kube-controller-manager and kube-scheduler")
+	if err := c.startControllers(); err != nil {
+		return err
+	}
+	c.p.next("starting containerd and importing images")
+	if err := c.startContainerd(ctx); err != nil {
+		return err
+	}
+	c.p.next("starting the kubelet")
+	if err := c.startKubelet(ctx); err != nil {
+		return err
+	}
+	c.p.next("deploying podvol")
+	if err := c.deploy(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.Out, "\nThe cluster is up (%s). Point kubectl at it with:\n    export KUBECONFIG=%s\n    export PATH=%s:$PATH\nTear it down with: make down\n",
+		time.Since(c.p.start).Round(time.Second), c.Kubeconfig(), filepath.Dir(c.Kubectl()))
+	return nil
+}
+
+func (c *Cluster) checkHost() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the dev cluster runs a kubelet, containerd and loop devices: run it as root")
+	}
+	var missing []string
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "busybox", "mkfs.xfs", "ip"} {
+		if _, err := exec.LookPath(b); err != nil {
+			missing = append(missing, b)
+		}
+	}
+	for _, p := range []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback"} {
+		if _, err := os.Stat(p); err != nil {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing on this machine: %s. Install them with: apt-get install containerd runc containernetworking-plugins busybox-static xfsprogs iproute2 (make deps does)", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+func (c *Cluster) run(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = c.Repo
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// buildBinaries builds the Kubernetes binaries and the sidecars (cached) and
+// podvol's own.
+func (c *Cluster) buildBinaries(ctx context.Context) error {
+	c.bins = map[string]string{}
+	for _, script := range []string{"tools/k8s/build.sh", "tools/sidecars/build.sh"} {
+		cmd := exec.CommandContext(ctx, filepath.Join(c.Repo, script))
+		cmd.Stderr = c.Out // the scripts report their progress
+		out, err := cmd.Output()
+		if err != nil {
+			return fmt.Errorf("%s failed: %w (its output above says where)", script, err)
+		}
+		dir := strings.TrimSpace(string(out))
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			name := e.Name()
+			if strings.HasPrefix(name, ".") {
+				continue
+			}
+			// Sidecars are cached as <name>-<version>.
+			if v, ok := sidecarImages[strings.TrimSuffix(name, name[max(strings.LastIndex(name, "-v"), 0):])]; ok && strings.HasSuffix(name, "-"+v) {
+				name = strings.TrimSuffix(name, "-"+v)
+			}
+			c.bins[name] = filepath.Join(dir, e.Name())
+		}
+	}
+	bin := c.path("bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return err
+	}
+	for name, pkg := range map[string]string{"podvol-plugin": "./cmd/podvol-plugin", "pause": "./internal/devcluster/pause"} {
+		c.p.note("building %s", name)
+		cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", "-s -w -X main.version=dev", "-o", filepath.Join(bin, name), pkg)
+		cmd.Dir = c.Repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
+		}
+		c.bins[name] = filepath.Join(bin, name)
+	}
+	return nil
+}
+
+// Images the cluster runs, by the name the deploy overlay uses.
+var sidecarImages = map[string]string{
+	"csi-provisioner":     "v6.4.0",
+	"csi-resizer":         "v2.3.0",
+	"csi-snapshotter":     "v8.7.0",
+	"snapshot-controller": "v8.7.0",
+}
+
+func (c *Cluster) buildImages() error {
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		return err
+	}
+	applets, err := exec.Command(busybox, "--list").Output()
+	if err != nil {
+		return fmt.Errorf("busybox --list: %w", err)
+	}
+	bb := []file{
+		{path: "/bin/busybox", from: busybox, mode: 0o755},
+		{path: "/etc/passwd", data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
+		{path: "/etc/group", data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+		{path: "/tmp", isDir: true},
+	}
+	for _, a := range strings.Fields(string(applets)) {
+		if a != "busybox" {
+			bb = append(bb, file{path: "/bin/" + a, link: "busybox"})
+		}
+	}
+	tools, err := hostBinaries("mount", "umount", "blkid", "mke2fs", "mkfs.ext4", "e2fsck", "resize2fs", "mkfs.xfs", "xfs_growfs", "xfs_io")
+	if err != nil {
+		return err
+	}
+	plugin := append([]file{{path: "/podvol-plugin", from: c.bins["podvol-plugin"], mode: 0o755}, {path: "/tmp", isDir: true}}, tools...)
+	if _, err := os.Stat("/etc/mke2fs.conf"); err == nil {
+		plugin = append(plugin, file{path: "/etc/mke2fs.conf", from: "/etc/mke2fs.conf"})
+	}
+	imgs := []image{
+		{ref: "localhost/pause:podvol", entrypoint: []string{"/pause"}, files: []file{{path: "/pause", from: c.bins["pause"], mode: 0o755}}},
+		{ref: "localhost/busybox:podvol", entrypoint: []string{"/bin/sh"}, files: bb},
+		{ref: "localhost/podvol-plugin:dev", entrypoint: []string{"/podvol-plugin"}, files: plugin},
+	}
+	for name, version := range sidecarImages {
+		imgs = append(imgs, image{ref: "localhost/" + name + ":" + version, entrypoint: []string{"/" + name}, files: []file{{path: "/" + name, from: c.bins[name], mode: 0o755}}})
+	}
+	for _, img := range imgs {
+		name := strings.NewReplacer("localhost/", "", ":", "_").Replace(img.ref)
+		if err := img.write(c.path("images", name+".oci.tar")); err != nil {
+			return fmt.Errorf("image %s: %w", img.ref, err)
+		}
+	}
+	c.p.note("%d images in %s", len(imgs), c.path("images"))
+	return nil
+}
+
+func (c *Cluster) preparePKI() error {
+	p := pki{dir: c.path("pki")}
+	if err := p.ensure(c.NodeName); err != nil {
+		return fmt.Errorf("certificates: %w", err)
+	}
+	if err := p.kubeconfig(c.Kubeconfig(), "admin"); err != nil {
+		return err
+	}
+	return p.kubeconfig(c.path("kubelet.kubeconfig"), "kubelet")
+}
+
+// preparePool makes podvol's pool an XFS filesystem (reflink: snapshots and
+// clones in constant time) on a loop-attached sparse image.
+func (c *Cluster) preparePool(ctx context.Context) error {
+	mnt := c.path("pool")
+	if m, _ := device.MountedAt(mnt); m != nil {
+		return nil
+	}
+	img := c.path("pool.img")
+	fresh := false
+	if _, err := os.Stat(img); err != nil {
+		f, err := os.Create(img)
+		if err != nil {
+			return err
+		}
+		if err := f.Truncate(c.PoolSize); err != nil {
+			return err
+		}
+		f.Close()
+		fresh = true
+	}
+	devs, err := device.LoopsFor(img)
+	if err != nil {
+		return err
+	}
+	dev := ""
+	if len(devs) > 0 {
+		dev = devs[0]
+	} else if dev, err = device.AttachLoop(img); err != nil {
+		return fmt.Errorf("attach the pool image: %w", err)
+	}
+	if fresh {
+		if _, err := c.run(ctx, "mkfs.xfs", "-q", "-f", "-m", "reflink=1", dev); err != nil {
+			return err
+		}
+	}
+	if err := device.Mount(ctx, dev, mnt, "xfs", nil); err != nil {
+		return fmt.Errorf("mount the pool: %w", err)
+	}
+	c.p.note("pool: %s (%d GiB, XFS with reflink) at %s", dev, c.PoolSize>>30, mnt)
+	return nil
+}

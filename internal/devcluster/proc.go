@@ -1,0 +1,103 @@
+package devcluster
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// startProcess starts a cluster component in its own session, so that it
+// outlives `podvol-dev up`, records its PID in run/<name>.pid and its output
+// in logs/<name>.log. A component whose recorded PID still runs is left as
+// it is.
+func (c *Cluster) startProcess(name string, env []string, bin string, args ...string) error {
+	if pid, ok := c.running(name); ok {
+		c.p.note("%s already running (pid %d)", name, pid)
+		return nil
+	}
+	logf, err := os.OpenFile(filepath.Join(c.Dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Release()
+	return os.WriteFile(c.pidFile(name), []byte(strconv.Itoa(pid)), 0o600)
+}
+
+func (c *Cluster) pidFile(name string) string { return filepath.Join(c.Dir, "run", name+".pid") }
+
+// running reports the recorded PID of a component if that process lives and
+// is still the program that was started (a recycled PID is not ours).
+func (c *Cluster) running(name string) (int, bool) {
+	b, err := os.ReadFile(c.pidFile(name))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	if syscall.Kill(pid, 0) != nil {
+		return 0, false
+	}
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if !strings.Contains(string(cmdline), c.Dir) {
+		return 0, false
+	}
+	return pid, true
+}
+
+// stopProcess stops a component by its recorded PID: SIGTERM, then SIGKILL
+// after the grace period.
+func (c *Cluster) stopProcess(name string, grace time.Duration) error {
+	pid, ok := c.running(name)
+	if !ok {
+		_ = os.Remove(c.pidFile(name))
+		return nil
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		if syscall.Kill(pid, 0) != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if syscall.Kill(pid, 0) == nil {
+		c.p.note("%s (pid %d) did not stop within %s: SIGKILL", name, pid, grace)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.p.note("stopped %s (pid %d)", name, pid)
+	return os.Remove(c.pidFile(name))
+}
+
+// waitFor polls check until it succeeds or timeout passes, and says what it
+// was waiting for and where to look when it gives up.
+func waitFor(what string, timeout time.Duration, check func() error) error {
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = check(); err == nil {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("%s: not ready after %s: %w", what, timeout, err)
+}
+
+var errNotYet = errors.New("not yet")
