@@ -10,10 +10,10 @@ import (
 	"time"
 )
 
-// snapshotCRDs returns the directory of the snapshot CRDs that ship inside
-// external-snapshotter's client module.
-func (c *Cluster) snapshotCRDs(ctx context.Context) (string, error) {
-	out, err := c.run(ctx, "go", "mod", "download", "-json", "github.com/kubernetes-csi/external-snapshotter/client/v8@v8.7.0")
+// moduleDir returns where a Go module's source is, downloading it if needed:
+// CRDs ship inside modules.
+func (c *Cluster) moduleDir(ctx context.Context, mod string) (string, error) {
+	out, err := c.run(ctx, "go", "mod", "download", "-json", mod)
 	if err != nil {
 		return "", err
 	}
@@ -21,7 +21,30 @@ func (c *Cluster) snapshotCRDs(ctx context.Context) (string, error) {
 	if err := json.Unmarshal([]byte(out), &m); err != nil {
 		return "", err
 	}
-	return filepath.Join(m.Dir, "config", "crd"), nil
+	return m.Dir, nil
+}
+
+// crds installs the snapshot CRDs (inside external-snapshotter's client
+// module) and ReferenceGrant (gateway-api), which cross-namespace data
+// sources need.
+func (c *Cluster) crds(ctx context.Context) error {
+	snap, err := c.moduleDir(ctx, "github.com/kubernetes-csi/external-snapshotter/client/v8@v8.7.0")
+	if err != nil {
+		return err
+	}
+	if _, err := c.kubectl(ctx, "apply", "--server-side", "-k", filepath.Join(snap, "config", "crd")); err != nil {
+		return err
+	}
+	gw, err := c.moduleDir(ctx, "sigs.k8s.io/gateway-api@v1.6.3")
+	if err != nil {
+		return err
+	}
+	if _, err := c.kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(gw, "config", "crd", "standard", "gateway.networking.k8s.io_referencegrants.yaml")); err != nil {
+		return err
+	}
+	_, err = c.kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd/volumesnapshots.snapshot.storage.k8s.io",
+		"crd/volumesnapshotclasses.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io", "crd/referencegrants.gateway.networking.k8s.io")
+	return err
 }
 
 // overlay is the dev cluster's kustomization over deploy/base: images built
@@ -65,20 +88,23 @@ images:
     patch: '%s'
   - target: {kind: Deployment, name: podvol-controller}
     patch: '%s'
-`, filepath.Join(c.Repo, "deploy", "base"), images.String(), nodePatch, ctlPatch)
+`, c.baseRel(), images.String(), nodePatch, ctlPatch)
+}
+
+// baseRel is deploy/base relative to the overlay: kustomize takes no
+// absolute paths.
+func (c *Cluster) baseRel() string {
+	rel, err := filepath.Rel(c.path("deploy"), filepath.Join(c.Repo, "deploy", "base"))
+	if err != nil {
+		return filepath.Join(c.Repo, "deploy", "base")
+	}
+	return rel
 }
 
 // deploy applies the snapshot CRDs and podvol's manifests and waits until
 // the plugin is registered with the kubelet and reports capacity.
 func (c *Cluster) deploy(ctx context.Context) error {
-	crds, err := c.snapshotCRDs(ctx)
-	if err != nil {
-		return err
-	}
-	if _, err := c.kubectl(ctx, "apply", "--server-side", "-k", crds); err != nil {
-		return err
-	}
-	if _, err := c.kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd/volumesnapshots.snapshot.storage.k8s.io", "crd/volumesnapshotclasses.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io"); err != nil {
+	if err := c.crds(ctx); err != nil {
 		return err
 	}
 	if err := os.WriteFile(c.path("deploy", "kustomization.yaml"), []byte(c.overlay()), 0o644); err != nil {

@@ -87,6 +87,15 @@ func (c *Cluster) Kubeconfig() string { return filepath.Join(c.Dir, "admin.kubec
 // Kubectl is the path of the kubectl binary the cluster uses.
 func (c *Cluster) Kubectl() string { return c.bins["kubectl"] }
 
+// PoolDir is podvol's pool on the host.
+func (c *Cluster) PoolDir() string { return c.path("pool") }
+
+// Running reports whether the cluster's API server runs.
+func (c *Cluster) Running() bool {
+	_, ok := c.running("kube-apiserver")
+	return ok
+}
+
 func (c *Cluster) path(p ...string) string { return filepath.Join(append([]string{c.Dir}, p...)...) }
 
 // Up builds what is missing, starts every component, deploys podvol and

@@ -1,0 +1,216 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const ephemeralVolume = `ephemeral:
+  volumeClaimTemplate:
+    spec:
+      accessModes: [ReadWriteOnce]
+      storageClassName: podvol
+      resources: {requests: {storage: 128Mi}}`
+
+// TestGenericEphemeral: a PVC per pod, owned by it; data written in the pod
+// is gone with it, and so is the volume.
+func TestGenericEphemeral(t *testing.T) {
+	n := ns(t)
+	before := poolImages(t)
+	pod(t, n, "scratch", "echo hello > /vol/f", ephemeralVolume)
+	waitPod(t, n, "scratch")
+	if got := exec(t, n, "scratch", "cat /vol/f"); got != "hello" {
+		t.Fatalf("read back %q", got)
+	}
+	if owner := get(t, n, "pvc/scratch-vol", "{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}/{.metadata.ownerReferences[0].controller}"); owner != "Pod/scratch/true" {
+		t.Fatalf("PVC scratch-vol owner: %q", owner)
+	}
+	if poolImages(t) != before+1 {
+		t.Fatalf("pool images: %d, want %d", poolImages(t), before+1)
+	}
+	deletePod(t, n, "scratch")
+	eventually(t, 2*time.Minute, func() string {
+		if out, _ := cluster.Get(ctx(t), n, "pvc", "{.items[*].metadata.name}"); out != "" {
+			return "PVCs left: " + out
+		}
+		if got := poolImages(t); got != before {
+			return fmt.Sprintf("pool images: %d, want %d: the volume outlived its pod", got, before)
+		}
+		return ""
+	})
+	// A new pod of the same name gets a new, empty volume.
+	pod(t, n, "scratch", "true", ephemeralVolume)
+	waitPod(t, n, "scratch")
+	if got := exec(t, n, "scratch", "ls /vol | grep -v lost+found || true"); got != "" {
+		t.Fatalf("a new pod saw the old pod's data: %q", got)
+	}
+}
+
+// TestInline: CSI inline volume, gone with its pod.
+func TestInline(t *testing.T) {
+	n := ns(t)
+	before := poolImages(t)
+	pod(t, n, "inline", "echo inline > /vol/f", "csi:\n  driver: podvol.io\n  volumeAttributes: {size: 64Mi}")
+	waitPod(t, n, "inline")
+	if got := exec(t, n, "inline", "cat /vol/f"); got != "inline" {
+		t.Fatalf("read back %q", got)
+	}
+	if poolImages(t) != before+1 {
+		t.Fatalf("pool images: %d, want %d", poolImages(t), before+1)
+	}
+	deletePod(t, n, "inline")
+	eventually(t, 2*time.Minute, func() string {
+		if got := poolImages(t); got != before {
+			return fmt.Sprintf("pool images: %d, want %d", got, before)
+		}
+		return ""
+	})
+}
+
+// TestPersistentSnapshotCloneResize: data survives the pod; a snapshot holds
+// the data at its moment, a clone the data at its; a running pod sees its
+// volume grow.
+func TestPersistentSnapshotCloneResize(t *testing.T) {
+	n := ns(t)
+	pvc(t, n, "data", "podvol-xfs", "512Mi", "")
+	pod(t, n, "writer", "echo one > /vol/f", "persistentVolumeClaim: {claimName: data}")
+	waitPod(t, n, "writer")
+	deletePod(t, n, "writer")
+	pod(t, n, "writer", "true", "persistentVolumeClaim: {claimName: data}")
+	waitPod(t, n, "writer")
+	if got := exec(t, n, "writer", "cat /vol/f"); got != "one" {
+		t.Fatalf("after the pod was recreated: %q", got)
+	}
+
+	apply(t, `apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: snap, namespace: %s}
+spec: {volumeSnapshotClassName: podvol, source: {persistentVolumeClaimName: data}}
+`, n)
+	eventually(t, 3*time.Minute, func() string {
+		if r, _ := cluster.Get(ctx(t), n, "volumesnapshot/snap", "{.status.readyToUse}"); r != "true" {
+			return "snapshot not ready: " + r
+		}
+		return ""
+	})
+	exec(t, n, "writer", "echo two > /vol/f && sync")
+	pvc(t, n, "restored", "podvol-xfs", "512Mi", "  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}\n")
+	pvc(t, n, "clone", "podvol-xfs", "512Mi", "  dataSource: {kind: PersistentVolumeClaim, name: data}\n")
+	pod(t, n, "restore-reader", "true", "persistentVolumeClaim: {claimName: restored}")
+	pod(t, n, "clone-reader", "true", "persistentVolumeClaim: {claimName: clone}")
+	waitPod(t, n, "restore-reader")
+	waitPod(t, n, "clone-reader")
+	if got := exec(t, n, "restore-reader", "cat /vol/f"); got != "one" {
+		t.Fatalf("restored snapshot holds %q, want the data at the snapshot", got)
+	}
+	if got := exec(t, n, "clone-reader", "cat /vol/f"); got != "two" {
+		t.Fatalf("clone holds %q, want the source's data", got)
+	}
+	exec(t, n, "clone-reader", "echo clone-only > /vol/f")
+	if got := exec(t, n, "writer", "cat /vol/f"); got != "two" {
+		t.Fatalf("a write to the clone reached the source: %q", got)
+	}
+
+	_, err := cluster.RunKubectl(ctx(t), "-n", n, "patch", "pvc", "data", "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"1Gi"}}}}`)
+	must(t, "resize", err)
+	eventually(t, 3*time.Minute, func() string {
+		kb, _ := strconv.Atoi(exec(t, n, "writer", "df -k /vol | tail -1 | awk '{print $2}'"))
+		if kb < 900*1024 {
+			return fmt.Sprintf("the pod sees %d KiB", kb)
+		}
+		return ""
+	})
+	if got := exec(t, n, "writer", "cat /vol/f"); got != "two" {
+		t.Fatalf("data after resize: %q", got)
+	}
+}
+
+// TestCapacity: a pod asking for more than the pool has left stays Pending
+// with a reason, and runs once room is made.
+func TestCapacity(t *testing.T) {
+	n := ns(t)
+	pvc(t, n, "filler", "podvol", "14Gi", "")
+	pod(t, n, "filler", "true", "persistentVolumeClaim: {claimName: filler}")
+	waitPod(t, n, "filler")
+	pvc(t, n, "big", "podvol", "10Gi", "")
+	pod(t, n, "big", "true", "persistentVolumeClaim: {claimName: big}")
+	eventually(t, 2*time.Minute, func() string {
+		ev, _ := cluster.RunKubectl(ctx(t), "-n", n, "get", "events", "--field-selector", "involvedObject.name=big", "-o", "jsonpath={.items[*].message}")
+		if !strings.Contains(ev, "storage") {
+			return "no event says why pod big is pending: " + ev
+		}
+		return ""
+	})
+	if phase := get(t, n, "pod/big", "{.status.phase}"); phase != "Pending" {
+		t.Fatalf("pod big is %s with a pool too small for it", phase)
+	}
+	deletePod(t, n, "filler")
+	_, err := cluster.RunKubectl(ctx(t), "-n", n, "delete", "pvc", "filler", "--wait=true")
+	must(t, "delete filler", err)
+	waitPod(t, n, "big")
+}
+
+// TestReadWriteOncePod: a second pod cannot use an RWOP volume.
+func TestReadWriteOncePod(t *testing.T) {
+	n := ns(t)
+	apply(t, `apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: solo, namespace: %s}
+spec:
+  accessModes: [ReadWriteOncePod]
+  storageClassName: podvol
+  resources: {requests: {storage: 64Mi}}
+`, n)
+	pod(t, n, "first", "true", "persistentVolumeClaim: {claimName: solo}")
+	waitPod(t, n, "first")
+	pod(t, n, "second", "true", "persistentVolumeClaim: {claimName: solo}")
+	eventually(t, 2*time.Minute, func() string {
+		ev, _ := cluster.RunKubectl(ctx(t), "-n", n, "get", "events", "--field-selector", "involvedObject.name=second", "-o", "jsonpath={.items[*].message}")
+		if !strings.Contains(ev, "ReadWriteOncePod") {
+			return "no event names ReadWriteOncePod: " + ev
+		}
+		return ""
+	})
+	if phase := get(t, n, "pod/second", "{.status.phase}"); phase != "Pending" {
+		t.Fatalf("second pod on an RWOP volume is %s", phase)
+	}
+}
+
+// TestMetricsMatchVolumes: the plugin's metrics count the volumes podvol's
+// PVs and inline pods have.
+func TestMetricsMatchVolumes(t *testing.T) {
+	n := ns(t)
+	pvc(t, n, "m", "podvol", "64Mi", "")
+	pod(t, n, "m", "true", "persistentVolumeClaim: {claimName: m}")
+	pod(t, n, "i", "true", "csi:\n  driver: podvol.io\n  volumeAttributes: {size: 64Mi}")
+	waitPod(t, n, "m")
+	waitPod(t, n, "i")
+	pvs := strings.Fields(get(t, "", "pv", `{range .items[?(@.spec.csi.driver=="podvol.io")]}{.metadata.name} {end}`))
+	resp, err := http.Get("http://127.0.0.1:9808/metrics")
+	must(t, "scrape", err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	metric := func(re string) int {
+		m := regexp.MustCompile(re).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("no %s in the metrics", re)
+		}
+		v, _ := strconv.ParseFloat(string(m[1]), 64)
+		return int(v)
+	}
+	if got := metric(`podvol_volumes\{kind="persistent"\} (\S+)`); got != len(pvs) {
+		t.Fatalf("podvol_volumes{kind=persistent} = %d, podvol PVs: %d (%v)", got, len(pvs), pvs)
+	}
+	if got := metric(`podvol_volumes\{kind="inline"\} (\S+)`); got < 1 {
+		t.Fatalf("podvol_volumes{kind=inline} = %d with an inline pod running", got)
+	}
+	if got := metric(`podvol_csi_operation_duration_seconds_count\{code="OK",method="NodePublishVolume"\} (\S+)`); got < 2 {
+		t.Fatalf("NodePublishVolume count %d", got)
+	}
+}

@@ -1,0 +1,155 @@
+// Package e2e tests podvol end to end on the dev cluster: a real kubelet,
+// containerd, runc, scheduler and the CSI sidecars, with pods that really
+// write to their volumes. The cluster is brought up if it is not running
+// (the first time builds Kubernetes: minutes) and torn down afterwards
+// unless PODVOL_E2E_KEEP is set or it was already running.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podvol/podvol/internal/devcluster"
+)
+
+var cluster *devcluster.Cluster
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "the end-to-end tests run a kubelet and containerd: run them as root (make test does)")
+		os.Exit(1)
+	}
+	cluster = devcluster.New(devcluster.Config{Out: os.Stderr})
+	wasUp := cluster.Running()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	err := cluster.Up(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bringing up the dev cluster failed: %v\n", err)
+		if !wasUp {
+			_ = cluster.Down(context.Background())
+		}
+		os.Exit(1)
+	}
+	code := m.Run()
+	if !wasUp && os.Getenv("PODVOL_E2E_KEEP") == "" {
+		if err := cluster.Down(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "tearing down the dev cluster: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// ns makes a namespace for one test and deletes it (and waits) afterwards.
+func ns(t *testing.T) string {
+	t.Helper()
+	name := "e2e-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(name) > 60 {
+		name = name[:60]
+	}
+	ctx := context.Background()
+	_, _ = cluster.RunKubectl(ctx, "delete", "namespace", name, "--ignore-not-found", "--wait=true", "--timeout=3m")
+	if _, err := cluster.RunKubectl(ctx, "create", "namespace", name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := cluster.RunKubectl(ctx, "-n", name, "get", "pods,pvc,events", "-o", "wide")
+			t.Logf("namespace %s:\n%s", name, out)
+		}
+		if _, err := cluster.RunKubectl(ctx, "delete", "namespace", name, "--wait=true", "--timeout=5m"); err != nil {
+			t.Errorf("delete namespace %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+func must(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func apply(t *testing.T, manifest string, a ...any) {
+	t.Helper()
+	must(t, "apply", cluster.Apply(ctx(t), fmt.Sprintf(manifest, a...)))
+}
+
+func get(t *testing.T, ns, obj, jsonpath string) string {
+	t.Helper()
+	out, err := cluster.Get(ctx(t), ns, obj, jsonpath)
+	must(t, "get "+obj, err)
+	return out
+}
+
+func exec(t *testing.T, ns, pod, script string) string {
+	t.Helper()
+	out, err := cluster.Exec(ctx(t), ns, pod, script)
+	must(t, "exec in "+pod+": "+script, err)
+	return out
+}
+
+// eventually polls check until it returns "" or the timeout passes; the
+// last non-empty answer says what was wrong.
+func eventually(t *testing.T, timeout time.Duration, check func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	why := ""
+	for time.Now().Before(deadline) {
+		if why = check(); why == "" {
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("after %s: %s", timeout, why)
+}
+
+// pod creates a busybox pod that runs script with one volume.
+func pod(t *testing.T, ns, name, script, volume string) {
+	t.Helper()
+	apply(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: %s, namespace: %s}\nspec:\n%s", name, ns, devcluster.PodSpec(2, script, "vol", "/vol", volume))
+}
+
+func pvc(t *testing.T, ns, name, class, size, extra string) {
+	t.Helper()
+	apply(t, `apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: %s, namespace: %s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: %s
+  resources: {requests: {storage: %s}}
+%s`, name, ns, class, size, extra)
+}
+
+func waitPod(t *testing.T, ns, name string) {
+	t.Helper()
+	must(t, "pod "+name+" ready", cluster.WaitPod(ctx(t), ns, name, 4*time.Minute))
+}
+
+func deletePod(t *testing.T, ns, name string) {
+	t.Helper()
+	_, err := cluster.RunKubectl(ctx(t), "-n", ns, "delete", "pod", name, "--wait=true", "--timeout=3m")
+	must(t, "delete pod "+name, err)
+}
+
+// poolImages counts the volume images in podvol's pool.
+func poolImages(t *testing.T) int {
+	ents, err := os.ReadDir(cluster.PoolDir() + "/volumes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
