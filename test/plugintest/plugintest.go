@@ -279,24 +279,27 @@ func TempDir(t testing.TB) string {
 }
 
 // ForceClean unmounts everything below dir and detaches loop devices backed
-// by files below it.
+// by files below it. A loop device can keep a filesystem busy and a mount can
+// hold a loop device, so it goes round until nothing is left.
 func ForceClean(dir string) {
 	for i := 0; i < 5; i++ {
-		_, mounts := Leftovers(dir)
-		if len(mounts) == 0 {
-			break
+		loops, mounts := Leftovers(dir)
+		if len(loops)+len(mounts) == 0 {
+			return
 		}
 		for j := len(mounts) - 1; j >= 0; j-- {
-			_ = syscall.Unmount(mounts[j], syscall.MNT_DETACH)
+			if syscall.Unmount(mounts[j], 0) != nil {
+				_ = syscall.Unmount(mounts[j], syscall.MNT_DETACH)
+			}
 		}
-	}
-	loops, _ := Leftovers(dir)
-	for _, l := range loops {
-		dev := strings.Fields(l)[0]
-		if f, err := os.Open(dev); err == nil {
-			_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), 0x4C01, 0) // LOOP_CLR_FD
-			f.Close()
+		for _, l := range loops {
+			dev := strings.Fields(l)[0]
+			if f, err := os.Open(dev); err == nil {
+				_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), 0x4C01, 0) // LOOP_CLR_FD
+				f.Close()
+			}
 		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -332,6 +335,8 @@ func XFSPool(t testing.TB, dir string, size int64) string {
 	}
 	dev := strings.TrimSpace(string(out))
 	t.Cleanup(func() {
+		// Loop devices of volumes in the pool keep it busy: they go first.
+		ForceClean(mnt)
 		_ = syscall.Unmount(mnt, 0)
 		_ = exec.Command("losetup", "-d", dev).Run()
 	})
