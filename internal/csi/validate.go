@@ -23,14 +23,18 @@ const (
 	ParamFsType              = "fsType"
 	ParamDirectAssign        = "directAssign"
 	ParamFsGroupChangePolicy = "fsGroupChangePolicy"
+	// ParamReleaseOnNodeLoss is read by podvol-controller: "false" keeps
+	// the volumes of a deleted node.
+	ParamReleaseOnNodeLoss = "releaseOnNodeLoss"
 )
 
-var allowedParams = []string{ParamFsType, ParamDirectAssign, ParamFsGroupChangePolicy}
+var allowedParams = []string{ParamFsType, ParamDirectAssign, ParamFsGroupChangePolicy, ParamReleaseOnNodeLoss}
 
 // allowedValues restricts parameters whose values are a fixed set.
 var allowedValues = map[string][]string{
 	ParamDirectAssign:        {"never", "always", "auto"},
 	ParamFsGroupChangePolicy: {"Always", "OnRootMismatch"},
+	ParamReleaseOnNodeLoss:   {"true", "false"},
 }
 
 const sidecarPrefix = "csi.storage.k8s.io/"

@@ -59,8 +59,27 @@ type Env struct {
 
 // Start starts the API server; it is stopped when the test ends.
 func Start(t testing.TB, crdDirs ...string) *Env {
+	return StartWith(t, Options{CRDDirs: crdDirs})
+}
+
+// Options configure the API server.
+type Options struct {
+	CRDDirs      []string
+	FeatureGates string // e.g. CrossNamespaceVolumeDataSource=true
+	// Flags are more kube-apiserver flags, e.g. disable-admission-plugins.
+	Flags map[string]string
+}
+
+// StartWith starts the API server with options.
+func StartWith(t testing.TB, o Options) *Env {
 	t.Helper()
-	e := &envtest.Environment{BinaryAssetsDirectory: Assets(t), CRDDirectoryPaths: crdDirs, ErrorIfCRDPathMissing: true}
+	e := &envtest.Environment{BinaryAssetsDirectory: Assets(t), CRDDirectoryPaths: o.CRDDirs, ErrorIfCRDPathMissing: true}
+	if o.FeatureGates != "" {
+		e.ControlPlane.GetAPIServer().Configure().Append("feature-gates", o.FeatureGates)
+	}
+	for k, v := range o.Flags {
+		e.ControlPlane.GetAPIServer().Configure().Append(k, v)
+	}
 	cfg, err := e.Start()
 	if err != nil {
 		t.Fatalf("start kube-apiserver and etcd: %v", err)

@@ -1,0 +1,121 @@
+// Package ephemeral is podvol's ephemeral volume controller, with the
+// upstream contract (KEP-1698) so that it can replace kube-controller-
+// manager's or run beside it: every volumes[].ephemeral.volumeClaimTemplate
+// of a pod becomes a PVC <pod>-<volume> owned by the pod; a PVC of that name
+// that the pod does not control is never touched.
+package ephemeral
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	createTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "podvol_ephemeral_volume_controller_create_total",
+		Help: "PVCs created for ephemeral volumes of pods.",
+	})
+	createFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "podvol_ephemeral_volume_controller_create_failures_total",
+		Help: "PVC creations for ephemeral volumes that failed.",
+	})
+)
+
+func init() { metrics.Registry.MustRegister(createTotal, createFailures) }
+
+// ClaimName is the PVC of a pod's ephemeral volume: <pod>-<volume>.
+func ClaimName(pod *corev1.Pod, vol *corev1.Volume) string { return pod.Name + "-" + vol.Name }
+
+// Reconciler creates the PVCs of pods' ephemeral volumes.
+type Reconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+}
+
+// SetupWithManager watches pods and the PVCs they own, so that a PVC
+// deleted while its pod lives is created again.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("ephemeral-volume").
+		For(&corev1.Pod{}).
+		Watches(&corev1.PersistentVolumeClaim{}, handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &corev1.Pod{}, handler.OnlyControllerOwner())).
+		Complete(r)
+}
+
+// Reconcile makes sure every ephemeral volume of the pod has its PVC.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	pod := &corev1.Pod{}
+	if err := r.Client.Get(ctx, req.NamespacedName, pod); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	// A pod that is going away needs no new volume.
+	if pod.DeletionTimestamp != nil {
+		return ctrl.Result{}, nil
+	}
+	for i := range pod.Spec.Volumes {
+		vol := &pod.Spec.Volumes[i]
+		if vol.Ephemeral == nil || vol.Ephemeral.VolumeClaimTemplate == nil {
+			continue
+		}
+		if err := r.ensureClaim(ctx, pod, vol); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+func (r *Reconciler) ensureClaim(ctx context.Context, pod *corev1.Pod, vol *corev1.Volume) error {
+	name := ClaimName(pod, vol)
+	existing := &corev1.PersistentVolumeClaim{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, existing)
+	if err == nil {
+		if !metav1.IsControlledBy(existing, pod) {
+			// Never take over someone else's PVC: the pod stays pending.
+			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "FailedBinding", "CreatePVC",
+				"PVC %s/%s was not created for pod %s/%s (pod is not owner): rename the volume or remove that PVC", pod.Namespace, name, pod.Namespace, pod.Name)
+		}
+		return nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	tmpl := vol.Ephemeral.VolumeClaimTemplate
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Namespace:   pod.Namespace,
+			Labels:      tmpl.Labels,
+			Annotations: tmpl.Annotations,
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion:         "v1",
+				Kind:               "Pod",
+				Name:               pod.Name,
+				UID:                pod.UID,
+				Controller:         ptr.To(true),
+				BlockOwnerDeletion: ptr.To(true),
+			}},
+		},
+		Spec: tmpl.Spec,
+	}
+	if err := r.Client.Create(ctx, pvc); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return nil // the cache was behind; the next event rechecks ownership
+		}
+		createFailures.Inc()
+		return fmt.Errorf("create PVC %s/%s for pod %s: %w", pod.Namespace, name, pod.Name, err)
+	}
+	createTotal.Inc()
+	return nil
+}

@@ -1,0 +1,347 @@
+// Package controller tests podvol-controller's reconcilers against a real
+// kube-apiserver and etcd (envtest). There is no kube-controller-manager and
+// no kubelet: pod phases are set by the test, and nothing else acts.
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/podvol/podvol/internal/controller/clonelifecycle"
+	"github.com/podvol/podvol/internal/controller/ephemeral"
+	"github.com/podvol/podvol/internal/controller/nodeloss"
+	"github.com/podvol/podvol/test/kubetest"
+)
+
+type env struct {
+	t *testing.T
+	c client.Client
+}
+
+func gatewayCRDs(t *testing.T) string {
+	out, err := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/gateway-api@v1.6.3").Output()
+	if err != nil {
+		t.Fatalf("download gateway-api for its ReferenceGrant CRD: %v", err)
+	}
+	var m struct{ Dir string }
+	_ = json.Unmarshal(out, &m)
+	return filepath.Join(m.Dir, "config", "crd", "standard")
+}
+
+func start(t *testing.T) *env {
+	api := kubetest.StartWith(t, kubetest.Options{CRDDirs: []string{gatewayCRDs(t)}, FeatureGates: "CrossNamespaceVolumeDataSource=true",
+		// The protection finalizers are removed by kube-controller-manager,
+		// which does not run here.
+		Flags: map[string]string{"disable-admission-plugins": "StorageObjectInUseProtection"}})
+	// Each test starts its own manager in this one process.
+	mgr, err := ctrl.NewManager(api.Config, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := mgr.GetEventRecorder("podvol-controller")
+	for _, r := range []interface{ SetupWithManager(ctrl.Manager) error }{
+		&ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec},
+		&clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec},
+		&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
+	} {
+		if err := r.SetupWithManager(mgr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := mgr.Start(ctx); err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	c, err := client.New(api.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, c: c}
+}
+
+var bg = context.Background()
+
+func (e *env) must(err error) {
+	e.t.Helper()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) eventually(what string, check func() bool) {
+	e.t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if check() {
+			return
+		}
+	}
+	e.t.Fatalf("timed out waiting for %s", what)
+}
+
+// never checks for a while that something does not happen.
+func (e *env) never(what string, check func() bool) {
+	e.t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if check() {
+			e.t.Fatalf("%s happened", what)
+		}
+	}
+}
+
+func (e *env) pvc(ns, name string) *corev1.PersistentVolumeClaim {
+	p := &corev1.PersistentVolumeClaim{}
+	if err := e.c.Get(bg, client.ObjectKey{Namespace: ns, Name: name}, p); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+func (e *env) events(ns, object string) string {
+	l := &corev1.EventList{}
+	e.must(e.c.List(bg, l, client.InNamespace(ns)))
+	var out []string
+	for _, ev := range l.Items {
+		if ev.InvolvedObject.Name == object {
+			out = append(out, ev.Reason+": "+ev.Message)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func (e *env) ns(name string) string {
+	e.must(e.c.Create(bg, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+	return name
+}
+
+var spec = corev1.PersistentVolumeClaimSpec{
+	AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+	StorageClassName: ptr.To("podvol"),
+	Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+}
+
+func podWith(ns, name string, vols ...corev1.Volume) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}, Volumes: vols}}
+}
+
+func ephemeralVol(name string) corev1.Volume {
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{
+		VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{
+			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"tier": "scratch"}, Annotations: map[string]string{"note": "from-template"}},
+			Spec:       spec,
+		}}}}
+}
+
+func claimVol(claim string) corev1.Volume {
+	return corev1.Volume{Name: "v", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}
+}
+
+func TestEphemeralVolumeController(t *testing.T) {
+	e := start(t)
+	ns := e.ns("eph")
+	pod := podWith(ns, "web", ephemeralVol("cache"), ephemeralVol("tmp"))
+	e.must(e.c.Create(bg, pod))
+	for _, name := range []string{"web-cache", "web-tmp"} {
+		e.eventually("PVC "+name, func() bool { return e.pvc(ns, name) != nil })
+		p := e.pvc(ns, name)
+		if !metav1.IsControlledBy(p, pod) || !*p.OwnerReferences[0].BlockOwnerDeletion {
+			t.Fatalf("%s owner references: %+v", name, p.OwnerReferences)
+		}
+		if p.Labels["tier"] != "scratch" || p.Annotations["note"] != "from-template" || *p.Spec.StorageClassName != "podvol" {
+			t.Fatalf("%s does not carry the template: %+v", name, p.ObjectMeta)
+		}
+	}
+
+	// A PVC deleted while its pod lives is created again.
+	old := e.pvc(ns, "web-cache")
+	e.must(e.c.Delete(bg, old))
+	e.eventually("web-cache created again", func() bool { p := e.pvc(ns, "web-cache"); return p != nil && p.UID != old.UID })
+
+	// A PVC of that name the pod does not control is left alone, and the
+	// pod's events say why.
+	foreign := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "api-data", Labels: map[string]string{"mine": "yes"}}, Spec: spec}
+	e.must(e.c.Create(bg, foreign))
+	e.must(e.c.Create(bg, podWith(ns, "api", ephemeralVol("data"))))
+	e.eventually("FailedBinding event", func() bool { return strings.Contains(e.events(ns, "api"), "FailedBinding") })
+	if p := e.pvc(ns, "api-data"); len(p.OwnerReferences) != 0 || p.Labels["mine"] != "yes" {
+		t.Fatalf("a foreign PVC was changed: %+v", p.ObjectMeta)
+	}
+
+	// A pod being deleted gets nothing new.
+	term := podWith(ns, "going", ephemeralVol("v"))
+	term.Finalizers = []string{"test.podvol.io/hold"}
+	e.must(e.c.Create(bg, term))
+	e.eventually("going-v", func() bool { return e.pvc(ns, "going-v") != nil })
+	e.must(e.c.Delete(bg, term))
+	e.must(e.c.Delete(bg, e.pvc(ns, "going-v")))
+	e.never("a PVC created for a terminating pod", func() bool { return e.pvc(ns, "going-v") != nil })
+	e.must(e.c.Get(bg, client.ObjectKeyFromObject(term), term))
+	term.Finalizers = nil
+	e.must(e.c.Update(bg, term))
+}
+
+func setPhase(e *env, p *corev1.Pod, phase corev1.PodPhase) {
+	e.must(e.c.Get(bg, client.ObjectKeyFromObject(p), p))
+	p.Status.Phase = phase
+	e.must(e.c.Status().Update(bg, p))
+}
+
+func TestResetOnDetach(t *testing.T) {
+	e := start(t)
+	ns := e.ns("clones")
+	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "golden"}, Spec: spec}))
+	cs := spec.DeepCopy()
+	cs.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "golden"}
+	clone := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "work", Labels: map[string]string{"app": "ci"},
+		Annotations: map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach}}, Spec: *cs}
+	e.must(e.c.Create(bg, clone))
+	first := e.pvc(ns, "work").UID
+
+	// Not used yet: left alone.
+	e.never("a reset before first use", func() bool { p := e.pvc(ns, "work"); return p == nil || p.UID != first })
+
+	user := podWith(ns, "user", claimVol("work"))
+	e.must(e.c.Create(bg, user))
+	setPhase(e, user, corev1.PodRunning)
+	e.eventually("the clone marked used", func() bool { return e.pvc(ns, "work").Annotations[clonelifecycle.Used] == "true" })
+	e.never("a reset while a pod uses it", func() bool { return e.pvc(ns, "work").UID != first })
+
+	e.must(e.c.Delete(bg, user, client.GracePeriodSeconds(0)))
+	e.eventually("the clone reset", func() bool { p := e.pvc(ns, "work"); return p != nil && p.UID != first })
+	p := e.pvc(ns, "work")
+	if p.Annotations[clonelifecycle.ResetCount] != "1" || p.Annotations[clonelifecycle.LastReset] == "" || p.Annotations[clonelifecycle.Used] != "" ||
+		p.Labels["app"] != "ci" || p.Spec.DataSource == nil || p.Spec.DataSource.Name != "golden" {
+		t.Fatalf("reset PVC: %+v %+v", p.ObjectMeta, p.Spec)
+	}
+	if !strings.Contains(e.events(ns, "work"), "ResetOnDetach") {
+		t.Fatalf("no reset event: %s", e.events(ns, "work"))
+	}
+	e.eventually("the stash removed", func() bool {
+		return apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Namespace: ns, Name: "podvol-reset-work"}, &corev1.ConfigMap{}))
+	})
+
+	// A finished pod no longer uses it.
+	second := e.pvc(ns, "work").UID
+	job := podWith(ns, "job", claimVol("work"))
+	e.must(e.c.Create(bg, job))
+	setPhase(e, job, corev1.PodRunning)
+	e.eventually("used again", func() bool { return e.pvc(ns, "work").Annotations[clonelifecycle.Used] == "true" })
+	setPhase(e, job, corev1.PodSucceeded)
+	e.eventually("reset after the pod finished", func() bool { p := e.pvc(ns, "work"); return p != nil && p.UID != second })
+	if got := e.pvc(ns, "work").Annotations[clonelifecycle.ResetCount]; got != "2" {
+		t.Fatalf("reset count %q", got)
+	}
+}
+
+func TestCrossNamespaceSourceNeedsGrant(t *testing.T) {
+	e := start(t)
+	src, dst := e.ns("golden"), e.ns("team")
+	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: src, Name: "image"}, Spec: spec}))
+	mk := func(name string) {
+		s := spec.DeepCopy()
+		s.DataSourceRef = &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "image", Namespace: ptr.To(src)}
+		e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dst, Name: name,
+			Annotations: map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach}}, Spec: *s}))
+		if p := e.pvc(dst, name); p.Spec.DataSourceRef == nil || p.Spec.DataSourceRef.Namespace == nil {
+			t.Fatal("the API server dropped dataSourceRef.namespace: CrossNamespaceVolumeDataSource is off")
+		}
+	}
+	mk("denied")
+	e.eventually("ReferenceGrantMissing event", func() bool { return strings.Contains(e.events(dst, "denied"), "ReferenceGrantMissing") })
+	if ev := e.events(dst, "denied"); !strings.Contains(ev, "no ReferenceGrant in namespace golden") {
+		t.Fatalf("event does not say what grant is missing: %s", ev)
+	}
+
+	grant := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+		"metadata": map[string]any{"name": "team-may-clone", "namespace": src},
+		"spec": map[string]any{
+			"from": []any{map[string]any{"group": "", "kind": "PersistentVolumeClaim", "namespace": dst}},
+			"to":   []any{map[string]any{"group": "", "kind": "PersistentVolumeClaim"}},
+		},
+	}}
+	e.must(e.c.Create(bg, grant))
+	mk("allowed")
+	user := podWith(dst, "user", claimVol("allowed"))
+	e.must(e.c.Create(bg, user))
+	setPhase(e, user, corev1.PodRunning)
+	e.eventually("the granted clone in use", func() bool { return e.pvc(dst, "allowed").Annotations[clonelifecycle.Used] == "true" })
+	if ev := e.events(dst, "allowed"); strings.Contains(ev, "ReferenceGrantMissing") {
+		t.Fatalf("a granted source was refused: %s", ev)
+	}
+}
+
+func TestNodeLossReleasesVolumes(t *testing.T) {
+	e := start(t)
+	ns := e.ns("sts")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol-keep"}, Provisioner: "podvol.io", Parameters: map[string]string{"releaseOnNodeLoss": "false"}}))
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	e.must(e.c.Create(bg, node))
+	e.eventually("the node's finalizer", func() bool {
+		e.must(e.c.Get(bg, client.ObjectKey{Name: "n1"}, node))
+		return len(node.Finalizers) == 1 && node.Finalizers[0] == nodeloss.Finalizer
+	})
+	bound := func(name, class, onNode string) {
+		s := spec.DeepCopy()
+		s.StorageClassName = ptr.To(class)
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: *s}
+		e.must(e.c.Create(bg, pvc))
+		pv := &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: "pv-" + name, Finalizers: []string{"external-provisioner.volume.kubernetes.io/finalizer"}},
+			Spec: corev1.PersistentVolumeSpec{
+				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				StorageClassName:              class,
+				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+				ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: name, UID: pvc.UID},
+				PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "podvol.io", VolumeHandle: "pv-" + name}},
+				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: nodeloss.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{onNode}}}}}}},
+			},
+		}
+		e.must(e.c.Create(bg, pv))
+	}
+	bound("data-db-0", "podvol", "n1")
+	bound("kept", "podvol-keep", "n1")
+	bound("elsewhere", "podvol", "n2")
+
+	e.must(e.c.Delete(bg, node))
+	e.eventually("the lost node's PVC and PV released", func() bool {
+		return e.pvc(ns, "data-db-0") == nil && apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Name: "pv-data-db-0"}, &corev1.PersistentVolume{}))
+	})
+	e.eventually("the node gone", func() bool { return apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Name: "n1"}, &corev1.Node{})) })
+	if e.pvc(ns, "kept") == nil || e.pvc(ns, "elsewhere") == nil {
+		t.Fatal("an opted-out volume or another node's volume was released")
+	}
+	if err := e.c.Get(bg, client.ObjectKey{Name: "pv-kept"}, &corev1.PersistentVolume{}); err != nil {
+		t.Fatalf("opted-out PV: %v", err)
+	}
+}
