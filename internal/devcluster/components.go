@@ -68,6 +68,8 @@ func (c *Cluster) startControllers() error {
 		"--bind-address=127.0.0.1", "--secure-port=10257", "--leader-elect=false",
 		"--cluster-signing-cert-file="+pk+"/ca.crt", "--cluster-signing-key-file="+pk+"/ca.key", "--root-ca-file="+pk+"/ca.crt",
 		"--service-account-private-key-file="+pk+"/sa.key", "--use-service-account-credentials=true",
+		// podvol-controller's ephemeral volume controller takes over.
+		"--controllers=*,-ephemeral-volume-controller",
 		"--feature-gates="+featureGates, "--cert-dir="+c.path("kcm-certs"))
 	if err != nil {
 		return err

@@ -71,9 +71,11 @@ func (c *Cluster) overlay() string {
 	ops = nil
 	op("add", "/spec/template/spec/hostNetwork", true)
 	apiEnv(0)
+	apiEnv(1)
 	ctlPatch, _ := json.Marshal(ops)
 	var images strings.Builder
 	images.WriteString("  - {name: podvol/podvol-plugin, newName: localhost/podvol-plugin, newTag: dev}\n")
+	images.WriteString("  - {name: podvol/podvol-controller, newName: localhost/podvol-controller, newTag: dev}\n")
 	for name, v := range sidecarImages {
 		fmt.Fprintf(&images, "  - {name: registry.k8s.io/sig-storage/%s, newName: localhost/%s, newTag: %s}\n", name, name, v)
 	}

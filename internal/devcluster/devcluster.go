@@ -218,7 +218,7 @@ func (c *Cluster) buildBinaries(ctx context.Context) error {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return err
 	}
-	for name, pkg := range map[string]string{"podvol-plugin": "./cmd/podvol-plugin", "pause": "./internal/devcluster/pause"} {
+	for name, pkg := range map[string]string{"podvol-plugin": "./cmd/podvol-plugin", "podvol-controller": "./cmd/podvol-controller", "pause": "./internal/devcluster/pause"} {
 		c.p.note("building %s", name)
 		cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", "-s -w -X main.version=dev", "-o", filepath.Join(bin, name), pkg)
 		cmd.Dir = c.Repo
@@ -271,6 +271,7 @@ func (c *Cluster) buildImages() error {
 		{ref: "localhost/pause:podvol", entrypoint: []string{"/pause"}, files: []file{{path: "/pause", from: c.bins["pause"], mode: 0o755}}},
 		{ref: "localhost/busybox:podvol", entrypoint: []string{"/bin/sh"}, files: bb},
 		{ref: "localhost/podvol-plugin:dev", entrypoint: []string{"/podvol-plugin"}, files: plugin},
+		{ref: "localhost/podvol-controller:dev", entrypoint: []string{"/podvol-controller"}, files: []file{{path: "/podvol-controller", from: c.bins["podvol-controller"], mode: 0o755}}},
 	}
 	for name, version := range sidecarImages {
 		imgs = append(imgs, image{ref: "localhost/" + name + ":" + version, entrypoint: []string{"/" + name}, files: []file{{path: "/" + name, from: c.bins[name], mode: 0o755}}})

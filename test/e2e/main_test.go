@@ -116,6 +116,10 @@ func eventually(t *testing.T, timeout time.Duration, check func() string) {
 	t.Fatalf("after %s: %s", timeout, why)
 }
 
+func podSpecYAML(volume string) string { return devcluster.PodSpec(2, "true", "vol", "/vol", volume) }
+
+func writeString(path, s string) error { return os.WriteFile(path, []byte(s), 0o644) }
+
 // pod creates a busybox pod that runs script with one volume.
 func pod(t *testing.T, ns, name, script, volume string) {
 	t.Helper()

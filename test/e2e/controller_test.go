@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEphemeralCloneResetsOnDetach: a PVC that is a clone of a golden volume
+// is written by a pod; once the pod is gone, the next pod gets a fresh clone
+// with the golden data and none of the old writes.
+func TestEphemeralCloneResetsOnDetach(t *testing.T) {
+	n := ns(t)
+	pvc(t, n, "golden", "podvol", "128Mi", "")
+	pod(t, n, "seed", "echo golden > /vol/f && sync", "persistentVolumeClaim: {claimName: golden}")
+	waitPod(t, n, "seed")
+	deletePod(t, n, "seed")
+	apply(t, `apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: work
+  namespace: %s
+  annotations: {podvol.io/lifecycle: reset-on-detach}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: podvol
+  resources: {requests: {storage: 128Mi}}
+  dataSource: {kind: PersistentVolumeClaim, name: golden}
+`, n)
+	pod(t, n, "user", "true", "persistentVolumeClaim: {claimName: work}")
+	waitPod(t, n, "user")
+	if got := exec(t, n, "user", "cat /vol/f"); got != "golden" {
+		t.Fatalf("clone holds %q", got)
+	}
+	exec(t, n, "user", "echo dirty > /vol/f && sync")
+	uid := get(t, n, "pvc/work", "{.metadata.uid}")
+	deletePod(t, n, "user")
+	eventually(t, 3*time.Minute, func() string {
+		if got, _ := cluster.Get(ctx(t), n, "pvc/work", "{.metadata.uid}/{.metadata.annotations.podvol\\.io/reset-count}"); got == "" || strings.HasPrefix(got, uid) || !strings.HasSuffix(got, "/1") {
+			return "PVC work not reset yet: " + got
+		}
+		return ""
+	})
+	pod(t, n, "next", "true", "persistentVolumeClaim: {claimName: work}")
+	waitPod(t, n, "next")
+	if got := exec(t, n, "next", "cat /vol/f"); got != "golden" {
+		t.Fatalf("the next pod sees %q, want a fresh clone of the golden volume", got)
+	}
+	if ev, _ := cluster.RunKubectl(ctx(t), "-n", n, "get", "events", "--field-selector", "involvedObject.name=work", "-o", "jsonpath={.items[*].reason}"); !strings.Contains(ev, "ResetOnDetach") {
+		t.Fatalf("no ResetOnDetach event on the PVC: %s", ev)
+	}
+}
+
+// TestPodvolEphemeralController: generic ephemeral volumes are served by
+// podvol-controller (kube-controller-manager's is off in the dev cluster).
+func TestPodvolEphemeralController(t *testing.T) {
+	n := ns(t)
+	pod(t, n, "p", "true", ephemeralVolume)
+	waitPod(t, n, "p")
+	resp, err := http.Get("http://127.0.0.1:9809/metrics")
+	must(t, "scrape podvol-controller", err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), "podvol_ephemeral_volume_controller_create_total") || strings.Contains(string(b), "podvol_ephemeral_volume_controller_create_total 0\n") {
+		t.Fatalf("podvol-controller created no PVC:\n%s", grepLines(string(b), "podvol_ephemeral"))
+	}
+	if !strings.Contains(string(b), "workqueue_depth{controller=\"ephemeral-volume\"") {
+		t.Fatal("no workqueue metrics for the ephemeral volume controller")
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestAdmissionPolicy: a user who may create pods but not PVCs cannot get a
+// podvol PVC through a pod's ephemeral volume; one who may create PVCs can.
+func TestAdmissionPolicy(t *testing.T) {
+	n := ns(t)
+	apply(t, `apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pods-only, namespace: %[1]s}
+rules:
+- {apiGroups: [""], resources: [pods], verbs: [create, get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pods-and-pvcs, namespace: %[1]s}
+rules:
+- {apiGroups: [""], resources: [pods, persistentvolumeclaims], verbs: [create, get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice, namespace: %[1]s}
+subjects: [{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: Role, name: pods-only, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: bob, namespace: %[1]s}
+subjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: Role, name: pods-and-pvcs, apiGroup: rbac.authorization.k8s.io}
+`, n)
+	manifest := "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: " + n + "}\nspec:\n" + podSpecYAML(ephemeralVolume)
+	try := func(user string) (string, error) {
+		f := t.TempDir() + "/pod.yaml"
+		must(t, "write", writeString(f, manifest))
+		return cluster.RunKubectl(ctx(t), "--as", user, "create", "--dry-run=server", "-f", f)
+	}
+	out, err := try("alice")
+	if err == nil || !strings.Contains(out, "may not create PersistentVolumeClaims") {
+		t.Fatalf("alice (no PVC rights) was not refused: %v\n%s", err, out)
+	}
+	if out, err := try("bob"); err != nil {
+		t.Fatalf("bob (PVC rights) was refused: %v\n%s", err, out)
+	}
+	// And a PVC of the directAssign class must be ReadWriteOncePod.
+	f := t.TempDir() + "/pvc.yaml"
+	must(t, "write", writeString(f, "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: d, namespace: "+n+"}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: podvol-direct\n  resources: {requests: {storage: 64Mi}}\n"))
+	if out, err := cluster.RunKubectl(ctx(t), "create", "--dry-run=server", "-f", f); err == nil || !strings.Contains(out, "ReadWriteOncePod") {
+		t.Fatalf("a non-RWOP PVC of podvol-direct was admitted: %v\n%s", err, out)
+	}
+}
