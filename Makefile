@@ -41,7 +41,7 @@ vet:
 # Everything: unit tests, csi-sanity (ext4, xfs, block) and the crash tests,
 # all with real loop devices and mounts. Needs root.
 test: vet
-	$(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -count=1 -timeout 60m ./...
 
 clean:
 	rm -rf bin

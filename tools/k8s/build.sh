@@ -10,6 +10,10 @@ K8S_VERSION=v1.37.2
 CACHE=${PODVOL_CACHE:-/var/cache/podvol}
 OUT=$CACHE/kubernetes-$K8S_VERSION/bin
 mkdir -p "$OUT"
+# Test packages run in parallel and may all ask for the binaries at once:
+# one builds, the others wait and then find them cached.
+exec 9>"$CACHE/.build-lock"
+flock 9
 
 V=k8s.io/component-base/version
 LDFLAGS="-s -w -X $V.gitVersion=$K8S_VERSION -X $V.gitMajor=1 -X $V.gitMinor=37 -X $V.gitTreeState=clean -X $V.buildDate=2026-01-01T00:00:00Z"

@@ -8,6 +8,10 @@ cd "$(dirname "$0")"
 CACHE=${PODVOL_CACHE:-/var/cache/podvol}
 OUT=$CACHE/sidecars/bin
 mkdir -p "$OUT"
+# Test packages run in parallel and may all ask for the binaries at once:
+# one builds, the others wait and then find them cached.
+exec 9>"$CACHE/.build-lock"
+flock 9
 # name  module-dir  package  version
 SIDECARS=(
   "csi-provisioner provisioner github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner v6.4.0"
