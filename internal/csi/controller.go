@@ -196,20 +196,31 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 		return nil, toStatus(err)
 	}
 	resp := &csi.ListVolumesResponse{}
+	vols, resp.NextToken = page(vols, start, req.GetMaxEntries(), func(v *store.Volume) (string, bool) { return v.ID, v.State == store.Ready })
 	for _, v := range vols {
-		if v.State != store.Ready || v.ID < start {
-			continue
-		}
-		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
-			resp.NextToken = v.ID
-			break
-		}
 		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{
 			Volume: d.csiVolume(v),
 			Status: &csi.ListVolumesResponse_VolumeStatus{PublishedNodeIds: d.publishedNodes(v)},
 		})
 	}
 	return resp, nil
+}
+
+// page picks the items (in id order) that keep accepts, from the id start
+// on, at most max of them (0: no limit), and returns the id to continue at.
+func page[T any](items []T, start string, max int32, keep func(T) (id string, ok bool)) ([]T, string) {
+	var out []T
+	for _, it := range items {
+		id, ok := keep(it)
+		if !ok || id < start {
+			continue
+		}
+		if max > 0 && len(out) == int(max) {
+			return out, id
+		}
+		out = append(out, it)
+	}
+	return out, ""
 }
 
 func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {

@@ -55,14 +55,8 @@ func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.Contro
 		return nil, toStatus(err)
 	}
 	resp := &csi.ControllerListVolumeHealthResponse{}
+	vols, resp.NextToken = page(vols, start, req.GetMaxEntries(), func(v *store.Volume) (string, bool) { return v.ID, v.State == store.Ready })
 	for _, v := range vols {
-		if v.State != store.Ready || v.ID < start {
-			continue
-		}
-		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
-			resp.NextToken = v.ID
-			break
-		}
 		h, err := d.volumeHealth(ctx, v.ID, false)
 		if status.Code(err) == codes.NotFound {
 			continue // deleted meanwhile

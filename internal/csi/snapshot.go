@@ -101,14 +101,10 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	snaps, resp.NextToken = page(snaps, start, req.GetMaxEntries(), func(s *store.Snapshot) (string, bool) {
+		return s.ID, s.State == store.Ready && (req.GetSourceVolumeId() == "" || s.SourceID == req.GetSourceVolumeId())
+	})
 	for _, s := range snaps {
-		if s.State != store.Ready || s.ID < start || (req.GetSourceVolumeId() != "" && s.SourceID != req.GetSourceVolumeId()) {
-			continue
-		}
-		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
-			resp.NextToken = s.ID
-			break
-		}
 		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: d.csiSnapshot(s)})
 	}
 	return resp, nil

@@ -70,7 +70,7 @@ func CopyImage(src, dst string, size int64, reflink bool) (err error) {
 	if err := out.Sync(); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(dst))
+	return SyncDir(filepath.Dir(dst))
 }
 
 // sparseCopy copies the data extents of in (found with SEEK_DATA/SEEK_HOLE)
@@ -108,7 +108,9 @@ func sparseCopy(in, out *os.File, size int64) error {
 	return nil
 }
 
-func syncDir(dir string) error {
+// SyncDir makes a directory's entries (a file created or renamed in it)
+// durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

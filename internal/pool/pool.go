@@ -291,16 +291,7 @@ func makeImage(path string, size int64) error {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("sync image: %w", err)
 	}
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return device.SyncDir(filepath.Dir(path))
 }
 
 func newID() string {

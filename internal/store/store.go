@@ -5,10 +5,8 @@
 package store
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -110,7 +108,9 @@ type Publication struct {
 
 // Store is the metadata database in the pool.
 type Store struct {
-	db *bolt.DB
+	db        *bolt.DB
+	volumes   table[Volume]
+	snapshots table[Snapshot]
 }
 
 // Open opens (creating if needed) the database at path. A second plugin on
@@ -135,123 +135,38 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("initialise %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{
+		db:        db,
+		volumes:   table[Volume]{db: db, kind: "volume", records: bucketVolumes, names: bucketNames, id: func(v *Volume) string { return v.ID }, name: func(v *Volume) string { return v.Name }},
+		snapshots: table[Snapshot]{db: db, kind: "snapshot", records: bucketSnapshots, names: bucketSnapshotNames, id: func(s *Snapshot) string { return s.ID }, name: func(s *Snapshot) string { return s.Name }},
+	}, nil
 }
 
 // Close releases the database.
 func (s *Store) Close() error { return s.db.Close() }
 
 // Volume returns the volume with id.
-func (s *Store) Volume(id string) (*Volume, error) {
-	var v *Volume
-	err := s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		v, err = getVolume(tx, id)
-		return err
-	})
-	return v, err
-}
+func (s *Store) Volume(id string) (*Volume, error) { return s.volumes.get(id) }
 
 // VolumeByName returns the volume created under the CSI name.
-func (s *Store) VolumeByName(name string) (*Volume, error) {
-	var v *Volume
-	err := s.db.View(func(tx *bolt.Tx) error {
-		id := tx.Bucket(bucketNames).Get([]byte(name))
-		if id == nil {
-			return ErrNotFound
-		}
-		var err error
-		v, err = getVolume(tx, string(id))
-		return err
-	})
-	return v, err
-}
+func (s *Store) VolumeByName(name string) (*Volume, error) { return s.volumes.byName(name) }
 
 // Volumes returns every volume, ordered by id.
-func (s *Store) Volumes() ([]*Volume, error) {
-	var out []*Volume
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketVolumes).ForEach(func(k, val []byte) error {
-			v := &Volume{}
-			if err := json.Unmarshal(val, v); err != nil {
-				return fmt.Errorf("decode volume %s: %w", k, err)
-			}
-			out = append(out, v)
-			return nil
-		})
-	})
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, err
-}
+func (s *Store) Volumes() ([]*Volume, error) { return s.volumes.list() }
 
 // Create stores a new volume. It fails if the name is taken, so that two
 // concurrent creations of one name cannot both proceed.
-func (s *Store) Create(v *Volume) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		if tx.Bucket(bucketNames).Get([]byte(v.Name)) != nil {
-			return fmt.Errorf("volume name %q: %w", v.Name, errExists)
-		}
-		if err := tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
-			return err
-		}
-		return putVolume(tx, v)
-	})
-}
-
-var errExists = errors.New("already exists")
-
-// IsExists reports whether err came from Create finding the name taken.
-func IsExists(err error) bool { return errors.Is(err, errExists) }
+func (s *Store) Create(v *Volume) error { return s.volumes.create(v) }
 
 // Update reads the volume, lets fn change it and writes it back, atomically.
 func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
-	var v *Volume
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		var err error
-		if v, err = getVolume(tx, id); err != nil {
-			return err
-		}
-		if err := fn(v); err != nil {
-			return err
-		}
-		return putVolume(tx, v)
-	})
-	return v, err
+	return s.volumes.update(id, fn)
 }
 
 // Delete forgets the volume.
-func (s *Store) Delete(id string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		v, err := getVolume(tx, id)
-		if errors.Is(err, ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketNames).Delete([]byte(v.Name)); err != nil {
-			return err
-		}
-		return tx.Bucket(bucketVolumes).Delete([]byte(id))
-	})
-}
+func (s *Store) Delete(id string) error { return s.volumes.delete(id) }
 
-func getVolume(tx *bolt.Tx, id string) (*Volume, error) {
-	b := tx.Bucket(bucketVolumes).Get([]byte(id))
-	if b == nil {
-		return nil, ErrNotFound
-	}
-	v := &Volume{}
-	if err := json.Unmarshal(b, v); err != nil {
-		return nil, fmt.Errorf("decode volume %s: %w", id, err)
-	}
-	return v, nil
-}
+var errExists = errors.New("already exists")
 
-func putVolume(tx *bolt.Tx, v *Volume) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return tx.Bucket(bucketVolumes).Put([]byte(v.ID), b)
-}
+// IsExists reports whether err came from a creation finding the name taken.
+func IsExists(err error) bool { return errors.Is(err, errExists) }
