@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -70,6 +71,8 @@ func (c *Cluster) startControllers() error {
 		"--service-account-private-key-file="+pk+"/sa.key", "--use-service-account-credentials=true",
 		// podvol-controller's ephemeral volume controller takes over.
 		"--controllers=*,-ephemeral-volume-controller",
+		// A lost node (ReplaceNode) is noticed in seconds, not a minute.
+		"--node-monitor-grace-period=20s",
 		"--feature-gates="+featureGates, "--cert-dir="+c.path("kcm-certs"))
 	if err != nil {
 		return err
@@ -161,10 +164,24 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 			return err
 		}
 	}
+	p := pki{dir: c.path("pki")}
+	cert, err := p.kubelet(c.NodeName)
+	if err != nil {
+		return err
+	}
+	if err := p.kubeconfig(c.path("kubelet.kubeconfig"), cert); err != nil {
+		return err
+	}
+	// The API server reaches the kubelet at the node's name: a node named
+	// by a loopback address is served there.
+	address := "127.0.0.1"
+	if ip := net.ParseIP(c.NodeName); ip != nil && ip.IsLoopback() {
+		address = c.NodeName
+	}
 	pk := c.path("pki")
 	conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: %s
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -173,8 +190,8 @@ failCgroupV1: false
 failSwapOn: false
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix://%s
-tlsCertFile: %s/kubelet.crt
-tlsPrivateKeyFile: %s/kubelet.key
+tlsCertFile: %s/%s.crt
+tlsPrivateKeyFile: %s/%s.key
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
@@ -187,7 +204,7 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.avail
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-`, c.containerdSock(), pk, pk, pk, c.path("pod-logs"))
+`, address, c.containerdSock(), pk, cert, pk, cert, pk, c.path("pod-logs"))
 	if err := os.WriteFile(c.path("kubelet-config.yaml"), []byte(conf), 0o644); err != nil {
 		return err
 	}

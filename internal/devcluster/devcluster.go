@@ -70,7 +70,12 @@ func New(c Config) *Cluster {
 		c.Repo = RepoRoot()
 	}
 	if c.NodeName == "" {
-		c.NodeName = "localhost"
+		// A node replaced earlier (ReplaceNode) has another name.
+		if b, err := os.ReadFile(filepath.Join(c.Dir, "node-name")); err == nil {
+			c.NodeName = strings.TrimSpace(string(b))
+		} else {
+			c.NodeName = "localhost"
+		}
 	}
 	if c.PoolSize == 0 {
 		c.PoolSize = 20 << 30
@@ -288,13 +293,10 @@ func (c *Cluster) buildImages() error {
 
 func (c *Cluster) preparePKI() error {
 	p := pki{dir: c.path("pki")}
-	if err := p.ensure(c.NodeName); err != nil {
+	if err := p.ensure(); err != nil {
 		return fmt.Errorf("certificates: %w", err)
 	}
-	if err := p.kubeconfig(c.Kubeconfig(), "admin"); err != nil {
-		return err
-	}
-	return p.kubeconfig(c.path("kubelet.kubeconfig"), "kubelet")
+	return p.kubeconfig(c.Kubeconfig(), "admin")
 }
 
 // preparePool makes podvol's pool an XFS filesystem (reflink: snapshots and

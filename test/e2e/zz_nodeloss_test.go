@@ -1,0 +1,107 @@
+package e2e
+
+// This file runs last: it replaces the cluster's node.
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podvol/podvol/internal/devcluster"
+)
+
+// TestNodeReplaced: the drain scenario of TopoLVM issue 41 and a StatefulSet
+// whose node goes away. A Deployment of two pods with generic ephemeral
+// volumes under a PodDisruptionBudget (maxUnavailable 1) cannot be drained
+// from the only node; the node is then replaced (on the single-node dev
+// cluster: the kubelet restarted under a new name and the old Node deleted).
+// The Deployment recovers, because its volumes are per pod; the StatefulSet
+// recovers, because podvol-controller releases the claim that pinned it to
+// the lost node.
+func TestNodeReplaced(t *testing.T) {
+	n := ns(t)
+	old := cluster.NodeName
+	apply(t, `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: %[1]s}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+%[2]s---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web, namespace: %[1]s}
+spec:
+  maxUnavailable: 1
+  selector: {matchLabels: {app: web}}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db, namespace: %[1]s}
+spec:
+  serviceName: db
+  replicas: 1
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+%[3]s  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      accessModes: [ReadWriteOnce]
+      storageClassName: podvol
+      resources: {requests: {storage: 64Mi}}
+`, n, devcluster.PodSpec(6, "echo web > /vol/f", "vol", "/vol", ephemeralVolume), devcluster.PodSpec(6, "echo db > /vol/f", "data", "/vol", ""))
+	_, err := cluster.RunKubectl(ctx(t), "-n", n, "rollout", "status", "deployment/web", "--timeout=4m")
+	must(t, "web ready", err)
+	waitPod(t, n, "db-0")
+	oldClaim := get(t, n, "pvc/data-db-0", "{.metadata.uid}")
+
+	// The drain cannot finish on the only node: one pod is evicted, its
+	// replacement has nowhere to go, and the budget blocks the second.
+	out, err := cluster.RunKubectl(ctx(t), "drain", old, "--ignore-daemonsets", "--delete-emptydir-data", "--pod-selector=app=web", "--timeout=30s")
+	if err == nil {
+		t.Fatalf("draining the only node succeeded:\n%s", out)
+	}
+
+	// A loopback address as the new node's name: the API server reaches
+	// the kubelet there.
+	next := "127.0.0.1"
+	if old == next {
+		next = "127.0.0.2"
+	}
+	must(t, "replace the node", cluster.ReplaceNode(ctx(t), next))
+
+	eventually(t, 6*time.Minute, func() string {
+		ready := get(t, n, "deployment/web", "{.status.readyReplicas}")
+		if ready != "2" {
+			return "web has " + ready + " ready replicas"
+		}
+		nodes := get(t, n, "pods", "{.items[*].spec.nodeName}")
+		for _, node := range strings.Fields(nodes) {
+			if node != next {
+				return "a pod is still on " + node + ": " + nodes
+			}
+		}
+		return ""
+	})
+	eventually(t, 6*time.Minute, func() string {
+		phase, _ := cluster.Get(ctx(t), n, "pod/db-0", "{.status.phase}/{.spec.nodeName}")
+		if phase != "Running/"+next {
+			return "db-0 is " + phase
+		}
+		return ""
+	})
+	if uid := get(t, n, "pvc/data-db-0", "{.metadata.uid}"); uid == oldClaim {
+		t.Fatal("db-0 runs on the new node with the old node's claim")
+	}
+	if got := exec(t, n, "db-0", "cat /vol/f"); got != "db" {
+		t.Fatalf("db-0 on the new node: %q", got)
+	}
+	if ev, _ := cluster.RunKubectl(ctx(t), "-n", n, "get", "events", "-o", "jsonpath={.items[*].reason}"); !strings.Contains(ev, "NodeLost") {
+		t.Fatalf("no NodeLost event: %s", ev)
+	}
+}
