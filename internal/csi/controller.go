@@ -184,19 +184,11 @@ func (d *Driver) publishedNodes(v *store.Volume) []string {
 // ListVolumes pages through volumes in id order. The token is the id to
 // start at, so a page stays valid when volumes before it are deleted.
 func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, invalid("max_entries must not be negative")
-	}
-	start := req.GetStartingToken()
-	if start != "" && !pool.ValidID(start) {
-		return nil, status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
-	}
-	vols, err := d.cfg.Pool.Store().Volumes()
+	vols, next, err := d.volumePage(req.GetMaxEntries(), req.GetStartingToken())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	resp := &csi.ListVolumesResponse{}
-	vols, resp.NextToken = page(vols, start, req.GetMaxEntries(), func(v *store.Volume) (string, bool) { return v.ID, v.State == store.Ready })
+	resp := &csi.ListVolumesResponse{NextToken: next}
 	for _, v := range vols {
 		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{
 			Volume: d.csiVolume(v),
@@ -204,6 +196,22 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 		})
 	}
 	return resp, nil
+}
+
+// volumePage is one page of the ready volumes, for the listing RPCs.
+func (d *Driver) volumePage(max int32, start string) ([]*store.Volume, string, error) {
+	if max < 0 {
+		return nil, "", invalid("max_entries must not be negative")
+	}
+	if start != "" && !pool.ValidID(start) {
+		return nil, "", status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
+	}
+	vols, err := d.cfg.Pool.Store().Volumes()
+	if err != nil {
+		return nil, "", toStatus(err)
+	}
+	vols, next := page(vols, start, max, func(v *store.Volume) (string, bool) { return v.ID, v.State == store.Ready })
+	return vols, next, nil
 }
 
 // page picks the items (in id order) that keep accepts, from the id start

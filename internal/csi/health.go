@@ -9,8 +9,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/podvol/podvol/internal/node"
-	"github.com/podvol/podvol/internal/pool"
-	"github.com/podvol/podvol/internal/store"
 )
 
 var severity = map[node.Severity]csi.VolumeHealthErrorType{
@@ -43,19 +41,11 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 }
 
 func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, invalid("max_entries must not be negative")
-	}
-	start := req.GetStartingToken()
-	if start != "" && !pool.ValidID(start) {
-		return nil, status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
-	}
-	vols, err := d.cfg.Pool.Store().Volumes()
+	vols, next, err := d.volumePage(req.GetMaxEntries(), req.GetStartingToken())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	resp := &csi.ControllerListVolumeHealthResponse{}
-	vols, resp.NextToken = page(vols, start, req.GetMaxEntries(), func(v *store.Volume) (string, bool) { return v.ID, v.State == store.Ready })
+	resp := &csi.ControllerListVolumeHealthResponse{NextToken: next}
 	for _, v := range vols {
 		h, err := d.volumeHealth(ctx, v.ID, false)
 		if status.Code(err) == codes.NotFound {

@@ -32,19 +32,27 @@ func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 	}, nil
 }
 
-func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	if err := checkVolumeID(req.GetVolumeId()); err != nil {
-		return nil, err
+// checkNodeRequest validates what stage and publish requests share.
+func (d *Driver) checkNodeRequest(id, what, path string, c *csi.VolumeCapability) error {
+	if err := checkVolumeID(id); err != nil {
+		return err
 	}
-	if err := d.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
-		return nil, err
+	if err := d.checkPath(what, path); err != nil {
+		return err
 	}
-	c := req.GetVolumeCapability()
 	if c == nil {
-		return nil, invalid("volume capability is required")
+		return invalid("volume capability is required")
 	}
 	if why := checkCapability(c); why != "" {
-		return nil, invalid("%s", why)
+		return invalid("%s", why)
+	}
+	return nil
+}
+
+func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	c := req.GetVolumeCapability()
+	if err := d.checkNodeRequest(req.GetVolumeId(), "staging target path", req.GetStagingTargetPath(), c); err != nil {
+		return nil, err
 	}
 	defer d.locks.lock(req.GetVolumeId())()
 	err := d.cfg.Node.Stage(ctx, node.StageRequest{
@@ -75,18 +83,9 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 }
 
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	if err := checkVolumeID(req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	if err := d.checkPath("target path", req.GetTargetPath()); err != nil {
-		return nil, err
-	}
 	c := req.GetVolumeCapability()
-	if c == nil {
-		return nil, invalid("volume capability is required")
-	}
-	if why := checkCapability(c); why != "" {
-		return nil, invalid("%s", why)
+	if err := d.checkNodeRequest(req.GetVolumeId(), "target path", req.GetTargetPath(), c); err != nil {
+		return nil, err
 	}
 	defer d.locks.lock(req.GetVolumeId())()
 	if isInline(req) {
