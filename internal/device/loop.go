@@ -91,9 +91,19 @@ func DetachLoop(dev string) error {
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dev, err)
 	}
-	defer f.Close()
-	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+	err = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0)
+	f.Close()
+	if err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("detach %s: %w", dev, err)
+	}
+	// While anyone else holds the device open, the kernel only marks it
+	// to detach on the last close. Wait for that, so that the caller does
+	// not delete the image of a device that is still attached.
+	for i := 0; i < 100 && LoopBackingFile(dev) != ""; i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if b := LoopBackingFile(dev); b != "" {
+		return fmt.Errorf("%s (%s) is still held open by another process: it detaches when that process lets go; retry", dev, b)
 	}
 	return nil
 }
