@@ -41,13 +41,8 @@ func expandSize(r *csi.CapacityRange) (int64, error) {
 }
 
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	if err := checkVolumeID(req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	if req.GetVolumePath() == "" {
-		return nil, invalid("volume path is required")
-	}
-	if _, err := d.lookup(req.GetVolumeId()); err != nil {
+	id, err := d.volumeAtPath(req.GetVolumeId(), req.GetVolumePath())
+	if err != nil {
 		return nil, err
 	}
 	size, err := expandSize(req.GetCapacityRange())
@@ -55,7 +50,7 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, err
 	}
 	defer d.locks.lock(req.GetVolumeId())()
-	got, err := d.cfg.Node.Expand(ctx, d.volumeID(req.GetVolumeId()), req.GetVolumePath(), size)
+	got, err := d.cfg.Node.Expand(ctx, id, req.GetVolumePath(), size)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -145,19 +145,29 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
+// volumeAtPath validates a request naming a volume and one of its paths and
+// returns the pool's id. The path is only compared with the ones the volume
+// was staged and published at, never touched otherwise: an unknown one is
+// NOT_FOUND, found by the layers below.
+func (d *Driver) volumeAtPath(id, path string) (string, error) {
+	if err := checkVolumeID(id); err != nil {
+		return "", err
+	}
+	if path == "" {
+		return "", invalid("volume path is required")
+	}
+	if _, err := d.lookup(id); err != nil {
+		return "", err
+	}
+	return d.volumeID(id), nil
+}
+
 func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	if err := checkVolumeID(req.GetVolumeId()); err != nil {
+	id, err := d.volumeAtPath(req.GetVolumeId(), req.GetVolumePath())
+	if err != nil {
 		return nil, err
 	}
-	// The path is only compared with the ones this volume was staged and
-	// published at, never touched otherwise: an unknown one is NOT_FOUND.
-	if req.GetVolumePath() == "" {
-		return nil, invalid("volume path is required")
-	}
-	if _, err := d.lookup(req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	st, err := d.cfg.Node.VolumeStats(ctx, d.volumeID(req.GetVolumeId()), req.GetVolumePath())
+	st, err := d.cfg.Node.VolumeStats(ctx, id, req.GetVolumePath())
 	if err != nil {
 		return nil, toStatus(err)
 	}

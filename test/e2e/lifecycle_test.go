@@ -140,13 +140,7 @@ func TestCapacity(t *testing.T) {
 	waitPod(t, n, "filler")
 	pvc(t, n, "big", "podvol", "10Gi", "")
 	pod(t, n, "big", "true", "persistentVolumeClaim: {claimName: big}")
-	eventually(t, 2*time.Minute, func() string {
-		ev, _ := cluster.RunKubectl(ctx(t), "-n", n, "get", "events", "--field-selector", "involvedObject.name=big", "-o", "jsonpath={.items[*].message}")
-		if !strings.Contains(ev, "storage") {
-			return "no event says why pod big is pending: " + ev
-		}
-		return ""
-	})
+	waitPendingFor(t, n, "big", "storage")
 	if phase := get(t, n, "pod/big", "{.status.phase}"); phase != "Pending" {
 		t.Fatalf("pod big is %s with a pool too small for it", phase)
 	}
@@ -170,13 +164,7 @@ spec:
 	pod(t, n, "first", "true", "persistentVolumeClaim: {claimName: solo}")
 	waitPod(t, n, "first")
 	pod(t, n, "second", "true", "persistentVolumeClaim: {claimName: solo}")
-	eventually(t, 2*time.Minute, func() string {
-		ev, _ := cluster.RunKubectl(ctx(t), "-n", n, "get", "events", "--field-selector", "involvedObject.name=second", "-o", "jsonpath={.items[*].message}")
-		if !strings.Contains(ev, "ReadWriteOncePod") {
-			return "no event names ReadWriteOncePod: " + ev
-		}
-		return ""
-	})
+	waitPendingFor(t, n, "second", "ReadWriteOncePod")
 	if phase := get(t, n, "pod/second", "{.status.phase}"); phase != "Pending" {
 		t.Fatalf("second pod on an RWOP volume is %s", phase)
 	}
@@ -213,4 +201,17 @@ func TestMetricsMatchVolumes(t *testing.T) {
 	if got := metric(`podvol_csi_operation_duration_seconds_count\{code="OK",method="NodePublishVolume"\} (\S+)`); got < 2 {
 		t.Fatalf("NodePublishVolume count %d", got)
 	}
+}
+
+// waitPendingFor waits until an event of the pod explains, with word, why it
+// cannot run.
+func waitPendingFor(t *testing.T, ns, pod, word string) {
+	t.Helper()
+	eventually(t, 2*time.Minute, func() string {
+		ev, _ := cluster.RunKubectl(ctx(t), "-n", ns, "get", "events", "--field-selector", "involvedObject.name="+pod, "-o", "jsonpath={.items[*].message}")
+		if !strings.Contains(ev, word) {
+			return "no event of pod " + pod + " mentions " + word + ": " + ev
+		}
+		return ""
+	})
 }
