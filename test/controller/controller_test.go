@@ -6,6 +6,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -18,9 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -32,8 +36,14 @@ import (
 )
 
 type env struct {
-	t *testing.T
-	c client.Client
+	t   *testing.T
+	c   client.WithWatch
+	rec events.EventRecorder
+}
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(klog.NewKlogr())
+	os.Exit(m.Run())
 }
 
 func gatewayCRDs(t *testing.T) string {
@@ -76,11 +86,11 @@ func start(t *testing.T) *env {
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	c, err := client.New(api.Config, client.Options{})
+	c, err := client.NewWithWatch(api.Config, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, c: c}
+	return &env{t: t, c: c, rec: rec}
 }
 
 var bg = context.Background()
@@ -205,6 +215,34 @@ func TestEphemeralVolumeController(t *testing.T) {
 	e.must(e.c.Get(bg, client.ObjectKeyFromObject(term), term))
 	term.Finalizers = nil
 	e.must(e.c.Update(bg, term))
+}
+
+// A cache that has not yet seen a foreign PVC makes the Create fail with
+// AlreadyExists, and that PVC fires no event for the pod: the reconciler must
+// look again by itself, or the pod never learns why it stays pending.
+func TestEphemeralVolumeControllerStaleCache(t *testing.T) {
+	e := start(t)
+	ns := e.ns("stale")
+	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "job-data"}, Spec: spec}))
+	pod := podWith(ns, "job", ephemeralVol("data"))
+	e.must(e.c.Create(bg, pod))
+	behind := interceptor.NewClient(e.c, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+				return apierrors.NewNotFound(corev1.Resource("persistentvolumeclaims"), key.Name)
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
+	r := &ephemeral.Reconciler{Client: behind, Recorder: e.rec}
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pod)}
+	res, err := r.Reconcile(bg, req)
+	if err != nil || res.RequeueAfter <= 0 {
+		t.Fatalf("reconcile with a cache behind the API: result %+v, error %v; want a retry", res, err)
+	}
+	if p := e.pvc(ns, "job-data"); len(p.OwnerReferences) != 0 {
+		t.Fatalf("a foreign PVC was changed: %+v", p.ObjectMeta)
+	}
 }
 
 func setPhase(e *env, p *corev1.Pod, phase corev1.PodPhase) {

@@ -34,7 +34,7 @@ func Assets(t testing.TB) string {
 		var out, errb bytes.Buffer
 		cmd.Stdout = &out
 		cmd.Stderr = &errb
-		t.Logf("building or finding the Kubernetes test binaries (a cold build takes ~6 minutes)")
+		t.Logf("building or finding the Kubernetes test binaries (a cold build of kube-apiserver takes ~9 minutes on 2 cores)")
 		if err := cmd.Run(); err != nil {
 			assetsErr = err
 			assetsDir = errb.String()

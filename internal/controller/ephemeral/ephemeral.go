@@ -8,6 +8,7 @@ package ephemeral
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -64,32 +65,46 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if pod.DeletionTimestamp != nil {
 		return ctrl.Result{}, nil
 	}
+	var res ctrl.Result
 	for i := range pod.Spec.Volumes {
 		vol := &pod.Spec.Volumes[i]
 		if vol.Ephemeral == nil || vol.Ephemeral.VolumeClaimTemplate == nil {
 			continue
 		}
-		if err := r.ensureClaim(ctx, pod, vol); err != nil {
+		stale, err := r.ensureClaim(ctx, pod, vol)
+		if err != nil {
 			return ctrl.Result{}, err
 		}
+		if stale {
+			// A PVC the cache has not seen yet fires no event for this pod
+			// unless the pod controls it: look again once the cache has
+			// caught up, so that a foreign PVC still gets its warning.
+			res.RequeueAfter = staleCacheRetry
+		}
 	}
-	return ctrl.Result{}, nil
+	return res, nil
 }
 
-func (r *Reconciler) ensureClaim(ctx context.Context, pod *corev1.Pod, vol *corev1.Volume) error {
+// staleCacheRetry is how soon a pod is looked at again after its PVC turned
+// out to exist although the cache did not have it.
+const staleCacheRetry = time.Second
+
+// ensureClaim creates the PVC of one ephemeral volume. stale means the PVC
+// exists but the cache does not have it yet.
+func (r *Reconciler) ensureClaim(ctx context.Context, pod *corev1.Pod, vol *corev1.Volume) (stale bool, err error) {
 	name := ClaimName(pod, vol)
 	existing := &corev1.PersistentVolumeClaim{}
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, existing)
+	err = r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, existing)
 	if err == nil {
 		if !metav1.IsControlledBy(existing, pod) {
 			// Never take over someone else's PVC: the pod stays pending.
 			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "FailedBinding", "CreatePVC",
 				"PVC %s/%s was not created for pod %s/%s (pod is not owner): rename the volume or remove that PVC", pod.Namespace, name, pod.Namespace, pod.Name)
 		}
-		return nil
+		return false, nil
 	}
 	if !apierrors.IsNotFound(err) {
-		return err
+		return false, err
 	}
 	tmpl := vol.Ephemeral.VolumeClaimTemplate
 	pvc := &corev1.PersistentVolumeClaim{
@@ -111,11 +126,11 @@ func (r *Reconciler) ensureClaim(ctx context.Context, pod *corev1.Pod, vol *core
 	}
 	if err := r.Client.Create(ctx, pvc); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			return nil // the cache was behind; the next event rechecks ownership
+			return true, nil
 		}
 		createFailures.Inc()
-		return fmt.Errorf("create PVC %s/%s for pod %s: %w", pod.Namespace, name, pod.Name, err)
+		return false, fmt.Errorf("create PVC %s/%s for pod %s: %w", pod.Namespace, name, pod.Name, err)
 	}
 	createTotal.Inc()
-	return nil
+	return false, nil
 }
