@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +57,9 @@ func gatewayCRDs(t *testing.T) string {
 	return filepath.Join(m.Dir, "config", "crd", "standard")
 }
 
-func start(t *testing.T) *env {
+// start runs an API server and podvol-controller's reconcilers in a
+// manager: all of them, or only those named.
+func start(t *testing.T, only ...string) *env {
 	api := kubetest.StartWith(t, kubetest.Options{CRDDirs: []string{gatewayCRDs(t)}, FeatureGates: "CrossNamespaceVolumeDataSource=true",
 		// The protection finalizers are removed by kube-controller-manager,
 		// which does not run here.
@@ -68,11 +71,14 @@ func start(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	rec := mgr.GetEventRecorder("podvol-controller")
-	for _, r := range []interface{ SetupWithManager(ctrl.Manager) error }{
-		&ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec},
-		&clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec},
-		&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
+	for name, r := range map[string]interface{ SetupWithManager(ctrl.Manager) error }{
+		"ephemeral-volume": &ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec},
+		"clone-lifecycle":  &clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec},
+		"node-loss":        &nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
 	} {
+		if len(only) > 0 && !slices.Contains(only, name) {
+			continue
+		}
 		if err := r.SetupWithManager(mgr); err != nil {
 			t.Fatal(err)
 		}
@@ -217,32 +223,53 @@ func TestEphemeralVolumeController(t *testing.T) {
 	e.must(e.c.Update(bg, term))
 }
 
-// A cache that has not yet seen a foreign PVC makes the Create fail with
-// AlreadyExists, and that PVC fires no event for the pod: the reconciler must
-// look again by itself, or the pod never learns why it stays pending.
+// The reconciler reads through a cache that can lag behind the API. Here it
+// runs alone (no manager acts on these pods) with a cache that has not seen
+// the PVC and, for the second pod, not its deletion either.
 func TestEphemeralVolumeControllerStaleCache(t *testing.T) {
-	e := start(t)
+	e := start(t, "node-loss")
 	ns := e.ns("stale")
-	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "job-data"}, Spec: spec}))
-	pod := podWith(ns, "job", ephemeralVol("data"))
-	e.must(e.c.Create(bg, pod))
 	behind := interceptor.NewClient(e.c, interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 			if _, ok := obj.(*corev1.PersistentVolumeClaim); ok {
 				return apierrors.NewNotFound(corev1.Resource("persistentvolumeclaims"), key.Name)
 			}
-			return c.Get(ctx, key, obj, opts...)
+			err := c.Get(ctx, key, obj, opts...)
+			obj.SetDeletionTimestamp(nil)
+			return err
 		},
 	})
-	r := &ephemeral.Reconciler{Client: behind, Recorder: e.rec}
-	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pod)}
-	res, err := r.Reconcile(bg, req)
-	if err != nil || res.RequeueAfter <= 0 {
-		t.Fatalf("reconcile with a cache behind the API: result %+v, error %v; want a retry", res, err)
+	r := &ephemeral.Reconciler{Client: behind, APIReader: e.c, Recorder: e.rec}
+	reconcile := func(pod *corev1.Pod) {
+		t.Helper()
+		if _, err := r.Reconcile(bg, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pod)}); err != nil {
+			t.Fatalf("reconcile %s: %v", pod.Name, err)
+		}
 	}
+
+	// The Create fails with AlreadyExists, and a PVC the pod does not
+	// control fires no event for the pod: the warning must come now.
+	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "job-data"}, Spec: spec}))
+	pod := podWith(ns, "job", ephemeralVol("data"))
+	e.must(e.c.Create(bg, pod))
+	reconcile(pod)
+	e.eventually("FailedBinding event", func() bool { return strings.Contains(e.events(ns, "job"), "FailedBinding") })
 	if p := e.pvc(ns, "job-data"); len(p.OwnerReferences) != 0 {
 		t.Fatalf("a foreign PVC was changed: %+v", p.ObjectMeta)
 	}
+
+	// A pod deleted together with its PVC, seen by the cache as alive.
+	going := podWith(ns, "going", ephemeralVol("v"))
+	going.Finalizers = []string{"test.podvol.io/hold"}
+	e.must(e.c.Create(bg, going))
+	e.must(e.c.Delete(bg, going))
+	reconcile(going)
+	if e.pvc(ns, "going-v") != nil {
+		t.Fatal("a PVC was created for a pod that is being deleted")
+	}
+	e.must(e.c.Get(bg, client.ObjectKeyFromObject(going), going))
+	going.Finalizers = nil
+	e.must(e.c.Update(bg, going))
 }
 
 func setPhase(e *env, p *corev1.Pod, phase corev1.PodPhase) {

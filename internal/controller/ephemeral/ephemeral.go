@@ -8,7 +8,6 @@ package ephemeral
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -41,13 +40,20 @@ func ClaimName(pod *corev1.Pod, vol *corev1.Volume) string { return pod.Name + "
 
 // Reconciler creates the PVCs of pods' ephemeral volumes.
 type Reconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
+	Client client.Client
+	// APIReader reads past the cache where a stale answer would be wrong
+	// for good: a PVC created for a pod that is already going away, or a
+	// foreign PVC never reported. SetupWithManager fills it in.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
 }
 
 // SetupWithManager watches pods and the PVCs they own, so that a PVC
 // deleted while its pod lives is created again.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ephemeral-volume").
 		For(&corev1.Pod{}).
@@ -65,46 +71,37 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if pod.DeletionTimestamp != nil {
 		return ctrl.Result{}, nil
 	}
-	var res ctrl.Result
 	for i := range pod.Spec.Volumes {
 		vol := &pod.Spec.Volumes[i]
 		if vol.Ephemeral == nil || vol.Ephemeral.VolumeClaimTemplate == nil {
 			continue
 		}
-		stale, err := r.ensureClaim(ctx, pod, vol)
-		if err != nil {
+		if err := r.ensureClaim(ctx, pod, vol); err != nil {
 			return ctrl.Result{}, err
 		}
-		if stale {
-			// A PVC the cache has not seen yet fires no event for this pod
-			// unless the pod controls it: look again once the cache has
-			// caught up, so that a foreign PVC still gets its warning.
-			res.RequeueAfter = staleCacheRetry
-		}
 	}
-	return res, nil
+	return ctrl.Result{}, nil
 }
 
-// staleCacheRetry is how soon a pod is looked at again after its PVC turned
-// out to exist although the cache did not have it.
-const staleCacheRetry = time.Second
-
-// ensureClaim creates the PVC of one ephemeral volume. stale means the PVC
-// exists but the cache does not have it yet.
-func (r *Reconciler) ensureClaim(ctx context.Context, pod *corev1.Pod, vol *corev1.Volume) (stale bool, err error) {
+func (r *Reconciler) ensureClaim(ctx context.Context, pod *corev1.Pod, vol *corev1.Volume) error {
 	name := ClaimName(pod, vol)
 	existing := &corev1.PersistentVolumeClaim{}
-	err = r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, existing)
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, existing)
 	if err == nil {
-		if !metav1.IsControlledBy(existing, pod) {
-			// Never take over someone else's PVC: the pod stays pending.
-			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "FailedBinding", "CreatePVC",
-				"PVC %s/%s was not created for pod %s/%s (pod is not owner): rename the volume or remove that PVC", pod.Namespace, name, pod.Namespace, pod.Name)
-		}
-		return false, nil
+		r.checkOwner(pod, existing)
+		return nil
 	}
 	if !apierrors.IsNotFound(err) {
-		return false, err
+		return err
+	}
+	// The PVC may be missing because the pod was deleted with it, and the
+	// cache has seen the one deletion but not yet the other.
+	live := &corev1.Pod{}
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, live); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if live.UID != pod.UID || live.DeletionTimestamp != nil {
+		return nil
 	}
 	tmpl := vol.Ephemeral.VolumeClaimTemplate
 	pvc := &corev1.PersistentVolumeClaim{
@@ -125,12 +122,27 @@ func (r *Reconciler) ensureClaim(ctx context.Context, pod *corev1.Pod, vol *core
 		Spec: tmpl.Spec,
 	}
 	if err := r.Client.Create(ctx, pvc); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			return true, nil
+		if !apierrors.IsAlreadyExists(err) {
+			createFailures.Inc()
+			return fmt.Errorf("create PVC %s/%s for pod %s: %w", pod.Namespace, name, pod.Name, err)
 		}
-		createFailures.Inc()
-		return false, fmt.Errorf("create PVC %s/%s for pod %s: %w", pod.Namespace, name, pod.Name, err)
+		// The cache has not seen that PVC yet, and unless the pod controls
+		// it, it fires no event for the pod: look at it now.
+		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, existing); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		r.checkOwner(pod, existing)
+		return nil
 	}
 	createTotal.Inc()
-	return false, nil
+	return nil
+}
+
+// checkOwner warns on the pod when its PVC's name is taken by a PVC it does
+// not control: that PVC is never taken over, and the pod stays pending.
+func (r *Reconciler) checkOwner(pod *corev1.Pod, pvc *corev1.PersistentVolumeClaim) {
+	if !metav1.IsControlledBy(pvc, pod) {
+		r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "FailedBinding", "CreatePVC",
+			"PVC %s/%s was not created for pod %s/%s (pod is not owner): rename the volume or remove that PVC", pvc.Namespace, pvc.Name, pod.Namespace, pod.Name)
+	}
 }
