@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -305,9 +306,11 @@ func TestResetOnDetach(t *testing.T) {
 		p.Labels["app"] != "ci" || p.Spec.DataSource == nil || p.Spec.DataSource.Name != "golden" {
 		t.Fatalf("reset PVC: %+v %+v", p.ObjectMeta, p.Spec)
 	}
-	if !strings.Contains(e.events(ns, "work"), "ResetOnDetach") {
-		t.Fatalf("no reset event: %s", e.events(ns, "work"))
-	}
+	// Events are sent in the background.
+	e.eventually("the reset events", func() bool {
+		ev := e.events(ns, "work")
+		return strings.Contains(ev, "ResetOnDetach: no pod uses") && strings.Contains(ev, "ResetOnDetach: created again as a fresh clone (reset 1)")
+	})
 	e.eventually("the stash removed", func() bool {
 		return apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Namespace: ns, Name: "podvol-reset-work"}, &corev1.ConfigMap{}))
 	})
@@ -322,6 +325,43 @@ func TestResetOnDetach(t *testing.T) {
 	e.eventually("reset after the pod finished", func() bool { p := e.pvc(ns, "work"); return p != nil && p.UID != second })
 	if got := e.pvc(ns, "work").Annotations[clonelifecycle.ResetCount]; got != "2" {
 		t.Fatalf("reset count %q", got)
+	}
+	// The second PVC got both kinds of event, each with its own message.
+	e.eventually("the second reset's events", func() bool {
+		ev := e.events(ns, "work")
+		return strings.Contains(ev, "(reset 2)") && strings.Contains(ev, "deleting it and creating it again as a fresh clone (reset 2)")
+	})
+}
+
+// A clone must not be reset because the cache has not seen the pod that
+// started using it: the reset deletes it for good.
+func TestResetOnDetachStaleCache(t *testing.T) {
+	e := start(t, "node-loss")
+	ns := e.ns("stale-clones")
+	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "golden"}, Spec: spec}))
+	cs := spec.DeepCopy()
+	cs.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "golden"}
+	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "work",
+		Annotations: map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach, clonelifecycle.Used: "true"}}, Spec: *cs}))
+	first := e.pvc(ns, "work").UID
+	user := podWith(ns, "user", claimVol("work"))
+	e.must(e.c.Create(bg, user))
+	setPhase(e, user, corev1.PodRunning)
+
+	noPods := interceptor.NewClient(e.c, interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if _, ok := list.(*corev1.PodList); ok {
+				return nil
+			}
+			return c.List(ctx, list, opts...)
+		},
+	})
+	r := &clonelifecycle.Reconciler{Client: noPods, APIReader: e.c, Recorder: e.rec}
+	if _, err := r.Reconcile(bg, ctrl.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: "work"}}); err != nil {
+		t.Fatal(err)
+	}
+	if p := e.pvc(ns, "work"); p == nil || p.UID != first || p.DeletionTimestamp != nil {
+		t.Fatalf("a clone in use was reset: %+v", p)
 	}
 }
 
@@ -363,6 +403,28 @@ func TestCrossNamespaceSourceNeedsGrant(t *testing.T) {
 	}
 }
 
+// boundOn creates a PVC bound to a podvol PV on a node.
+func (e *env) boundOn(ns, name, class, onNode string) {
+	s := spec.DeepCopy()
+	s.StorageClassName = ptr.To(class)
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: *s}
+	e.must(e.c.Create(bg, pvc))
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "pv-" + name, Finalizers: []string{"external-provisioner.volume.kubernetes.io/finalizer"}},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName:              class,
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: name, UID: pvc.UID},
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "podvol.io", VolumeHandle: "pv-" + name}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: nodeloss.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{onNode}}}}}}},
+		},
+	}
+	e.must(e.c.Create(bg, pv))
+}
+
 func TestNodeLossReleasesVolumes(t *testing.T) {
 	e := start(t)
 	ns := e.ns("sts")
@@ -374,29 +436,9 @@ func TestNodeLossReleasesVolumes(t *testing.T) {
 		e.must(e.c.Get(bg, client.ObjectKey{Name: "n1"}, node))
 		return len(node.Finalizers) == 1 && node.Finalizers[0] == nodeloss.Finalizer
 	})
-	bound := func(name, class, onNode string) {
-		s := spec.DeepCopy()
-		s.StorageClassName = ptr.To(class)
-		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: *s}
-		e.must(e.c.Create(bg, pvc))
-		pv := &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: "pv-" + name, Finalizers: []string{"external-provisioner.volume.kubernetes.io/finalizer"}},
-			Spec: corev1.PersistentVolumeSpec{
-				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				StorageClassName:              class,
-				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
-				ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: name, UID: pvc.UID},
-				PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "podvol.io", VolumeHandle: "pv-" + name}},
-				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: nodeloss.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{onNode}}}}}}},
-			},
-		}
-		e.must(e.c.Create(bg, pv))
-	}
-	bound("data-db-0", "podvol", "n1")
-	bound("kept", "podvol-keep", "n1")
-	bound("elsewhere", "podvol", "n2")
+	e.boundOn(ns, "data-db-0", "podvol", "n1")
+	e.boundOn(ns, "kept", "podvol-keep", "n1")
+	e.boundOn(ns, "elsewhere", "podvol", "n2")
 
 	e.must(e.c.Delete(bg, node))
 	e.eventually("the lost node's PVC and PV released", func() bool {
@@ -408,5 +450,37 @@ func TestNodeLossReleasesVolumes(t *testing.T) {
 	}
 	if err := e.c.Get(bg, client.ObjectKey{Name: "pv-kept"}, &corev1.PersistentVolume{}); err != nil {
 		t.Fatalf("opted-out PV: %v", err)
+	}
+}
+
+// The release happens once per node: what the cache has not seen then (a
+// PV, its PVC, its class) must not be skipped for good.
+func TestNodeLossStaleCache(t *testing.T) {
+	e := start(t, "ephemeral-volume")
+	ns := e.ns("stale-sts")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	e.must(e.c.Create(bg, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Finalizers: []string{nodeloss.Finalizer}}}))
+	e.boundOn(ns, "data-db-0", "podvol", "n1")
+	e.must(e.c.Delete(bg, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}))
+	empty := interceptor.NewClient(e.c, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*corev1.Node); ok {
+				return c.Get(ctx, key, obj, opts...)
+			}
+			return apierrors.NewNotFound(schema.GroupResource{}, key.Name)
+		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			return nil
+		},
+	})
+	r := &nodeloss.Reconciler{Client: empty, APIReader: e.c, Recorder: e.rec, Driver: "podvol.io"}
+	if _, err := r.Reconcile(bg, ctrl.Request{NamespacedName: client.ObjectKey{Name: "n1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if e.pvc(ns, "data-db-0") != nil || !apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Name: "pv-data-db-0"}, &corev1.PersistentVolume{})) {
+		t.Fatal("the lost node's PVC or PV was not released")
+	}
+	if !apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Name: "n1"}, &corev1.Node{})) {
+		t.Fatal("the node was kept")
 	}
 }

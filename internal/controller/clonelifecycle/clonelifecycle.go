@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -49,8 +50,12 @@ var referenceGrantList = schema.GroupVersionKind{Group: "gateway.networking.k8s.
 
 // Reconciler resets ephemeral clones.
 type Reconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
+	Client client.Client
+	// APIReader reads past the cache before steps that cannot be taken
+	// back (deleting a clone) and for the stash, which is not watched.
+	// SetupWithManager fills it in.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
 }
 
 // claimIndex indexes pods by the PVCs they use.
@@ -58,6 +63,9 @@ const claimIndex = "podvol.claims"
 
 // SetupWithManager watches PVCs and the pods that use them.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, claimIndex, func(o client.Object) []string {
 		return claimsOf(o.(*corev1.Pod))
 	})
@@ -115,6 +123,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if !inUse && pvc.Annotations[Used] == "true" {
+		// A pod the cache has not seen yet may be about to use it.
+		if inUse, err = r.inUseLive(ctx, pvc); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	if inUse {
 		if pvc.Annotations[Used] != "true" {
 			patch := client.MergeFrom(pvc.DeepCopy())
@@ -139,12 +153,22 @@ func (r *Reconciler) inUse(ctx context.Context, pvc *corev1.PersistentVolumeClai
 	if err := r.Client.List(ctx, pods, client.InNamespace(pvc.Namespace), client.MatchingFields{claimIndex: pvc.Name}); err != nil {
 		return false, err
 	}
-	for _, p := range pods.Items {
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			return true, nil
-		}
+	return slices.ContainsFunc(pods.Items, running), nil
+}
+
+// inUseLive is inUse asked of the API rather than the cache.
+func (r *Reconciler) inUseLive(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (bool, error) {
+	pods := &corev1.PodList{}
+	if err := r.APIReader.List(ctx, pods, client.InNamespace(pvc.Namespace)); err != nil {
+		return false, err
 	}
-	return false, nil
+	return slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool {
+		return running(p) && slices.Contains(claimsOf(&p), pvc.Name)
+	}), nil
+}
+
+func running(p corev1.Pod) bool {
+	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
 // reset stashes the PVC to be, then deletes the old one.
@@ -177,7 +201,10 @@ func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClai
 	if err := r.Client.Create(ctx, stash); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("stash PVC %s/%s before its reset: %w", pvc.Namespace, pvc.Name, err)
 	}
-	r.Recorder.Eventf(pvc, nil, corev1.EventTypeNormal, "ResetOnDetach", "Reset",
+	// Actions differ between the two events of a reset: events of one
+	// object with the same reason and action become one series that keeps
+	// the first message.
+	r.Recorder.Eventf(pvc, nil, corev1.EventTypeNormal, "ResetOnDetach", "Delete",
 		"no pod uses this ephemeral clone any more: deleting it and creating it again as a fresh clone (reset %d)", count+1)
 	err = r.Client.Delete(ctx, pvc, client.Preconditions{UID: &pvc.UID})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
@@ -190,8 +217,12 @@ func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClai
 // finishReset creates the stashed PVC once the old one is gone. done means
 // the reconcile is over.
 func (r *Reconciler) finishReset(ctx context.Context, key types.NamespacedName, pvc *corev1.PersistentVolumeClaim, gone bool) (bool, ctrl.Result, error) {
+	if !gone && pvc.Annotations[Lifecycle] != ResetOnDetach {
+		return false, ctrl.Result{}, nil
+	}
+	// ConfigMaps are not watched (nor cached): the stash is read live.
 	stash := &corev1.ConfigMap{}
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: stashName(key.Name)}, stash)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: stashName(key.Name)}, stash)
 	if apierrors.IsNotFound(err) {
 		return false, ctrl.Result{}, nil
 	}
@@ -203,8 +234,12 @@ func (r *Reconciler) finishReset(ctx context.Context, key types.NamespacedName, 
 			// Still being deleted (finalizers): look again soon.
 			return true, ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 		}
-		// The new PVC exists: the stash has served.
-		return true, ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, stash))
+		// The new PVC exists: the stash has served, and the PVC goes on
+		// through its lifecycle.
+		if err := r.Client.Delete(ctx, stash); err != nil && !apierrors.IsNotFound(err) {
+			return true, ctrl.Result{}, err
+		}
+		return false, ctrl.Result{}, nil
 	}
 	next := &corev1.PersistentVolumeClaim{}
 	if err := json.Unmarshal([]byte(stash.Data[stashKey]), next); err != nil {
@@ -213,7 +248,7 @@ func (r *Reconciler) finishReset(ctx context.Context, key types.NamespacedName, 
 	if err := r.Client.Create(ctx, next); err != nil && !apierrors.IsAlreadyExists(err) {
 		return true, ctrl.Result{}, fmt.Errorf("create PVC %s/%s again: %w", next.Namespace, next.Name, err)
 	}
-	r.Recorder.Eventf(next, nil, corev1.EventTypeNormal, "ResetOnDetach", "Reset", "created again as a fresh clone (reset %s)", next.Annotations[ResetCount])
+	r.Recorder.Eventf(next, nil, corev1.EventTypeNormal, "ResetOnDetach", "Create", "created again as a fresh clone (reset %s)", next.Annotations[ResetCount])
 	return true, ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, stash))
 }
 

@@ -31,13 +31,20 @@ const TopologyKey = "topology.podvol.io/node"
 
 // Reconciler releases the volumes of deleted nodes.
 type Reconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
-	Driver   string
+	Client client.Client
+	// APIReader reads PVs, PVCs and StorageClasses past the cache: the
+	// release happens once, and what a stale cache misses then is never
+	// released. SetupWithManager fills it in.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Driver    string
 }
 
 // SetupWithManager watches Nodes.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	return ctrl.NewControllerManagedBy(mgr).Named("node-loss").For(&corev1.Node{}).Complete(r)
 }
 
@@ -66,7 +73,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 func (r *Reconciler) release(ctx context.Context, nodeName string) error {
 	pvs := &corev1.PersistentVolumeList{}
-	if err := r.Client.List(ctx, pvs); err != nil {
+	if err := r.APIReader.List(ctx, pvs); err != nil {
 		return err
 	}
 	classes := map[string]bool{} // StorageClass name -> release
@@ -78,7 +85,7 @@ func (r *Reconciler) release(ctx context.Context, nodeName string) error {
 		release, ok := classes[pv.Spec.StorageClassName]
 		if !ok {
 			sc := &storagev1.StorageClass{}
-			err := r.Client.Get(ctx, client.ObjectKey{Name: pv.Spec.StorageClassName}, sc)
+			err := r.APIReader.Get(ctx, client.ObjectKey{Name: pv.Spec.StorageClassName}, sc)
 			release = apierrors.IsNotFound(err) || (err == nil && sc.Parameters[OptOut] != "false")
 			if err != nil && !apierrors.IsNotFound(err) {
 				return err
@@ -99,7 +106,7 @@ func (r *Reconciler) releasePV(ctx context.Context, pv *corev1.PersistentVolume,
 	logger := log.FromContext(ctx)
 	if ref := pv.Spec.ClaimRef; ref != nil {
 		pvc := &corev1.PersistentVolumeClaim{}
-		err := r.Client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, pvc)
+		err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, pvc)
 		if err == nil && pvc.UID == ref.UID && pvc.DeletionTimestamp == nil {
 			r.Recorder.Eventf(pvc, nil, corev1.EventTypeWarning, "NodeLost", "Release",
 				"node %s was deleted and its local volume %s with it: deleting this claim so that its owner (e.g. a StatefulSet) creates a new one elsewhere", nodeName, pv.Name)
