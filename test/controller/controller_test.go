@@ -111,7 +111,7 @@ func (e *env) must(err error) {
 
 func (e *env) eventually(what string, check func() bool) {
 	e.t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if check() {
 			return
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -73,7 +74,11 @@ type Options struct {
 // StartWith starts the API server with options.
 func StartWith(t testing.TB, o Options) *Env {
 	t.Helper()
-	e := &envtest.Environment{BinaryAssetsDirectory: Assets(t), CRDDirectoryPaths: o.CRDDirs, ErrorIfCRDPathMissing: true}
+	// envtest's defaults (20 s to start or stop, 10 s for CRDs) are tight
+	// on 2 cores shared with a cluster and other API servers.
+	e := &envtest.Environment{BinaryAssetsDirectory: Assets(t), CRDDirectoryPaths: o.CRDDirs, ErrorIfCRDPathMissing: true,
+		ControlPlaneStartTimeout: 2 * time.Minute, ControlPlaneStopTimeout: time.Minute,
+		CRDInstallOptions: envtest.CRDInstallOptions{MaxTime: time.Minute}}
 	if o.FeatureGates != "" {
 		e.ControlPlane.GetAPIServer().Configure().Append("feature-gates", o.FeatureGates)
 	}
