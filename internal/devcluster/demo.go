@@ -54,7 +54,8 @@ func (c *Cluster) Get(ctx context.Context, ns, obj, jsonpath string) (string, er
 }
 
 // PodSpec is the spec of a busybox pod that runs script, then sleeps, with
-// one volume mounted at path, indented by n spaces. volume is the volume's
+// one volume mounted at path, indented by n spaces. The pod is Ready only
+// once script has finished, so that what it wrote can be read. volume is the volume's
 // definition below its name, at indentation 0 (e.g. "csi:\n  driver: ...").
 func PodSpec(n int, script, name, path, volume string) string {
 	s := fmt.Sprintf(`terminationGracePeriodSeconds: 1
@@ -63,8 +64,9 @@ containers:
   image: %s
   imagePullPolicy: IfNotPresent
   command: ["sh", "-c", %q]
+  readinessProbe: {exec: {command: [test, -e, /tmp/ready]}, periodSeconds: 1}
   volumeMounts: [{name: %s, mountPath: %s}]
-`, Image, script+" && exec sleep 36000", name, path)
+`, Image, script+" && touch /tmp/ready && exec sleep 36000", name, path)
 	if volume != "" {
 		s += "volumes:\n- name: " + name + "\n" + indent(volume, 2) + "\n"
 	}

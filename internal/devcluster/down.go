@@ -154,7 +154,7 @@ func (c *Cluster) unmountAll() error {
 		loops, _ := device.LoopDevices()
 		for dev, backing := range loops {
 			if strings.HasPrefix(backing, prefix) {
-				if err := device.DetachLoop(dev); err != nil {
+				if err := device.DetachLoop(dev, backing); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -173,9 +173,9 @@ func (c *Cluster) unmountAll() error {
 		return nil
 	})
 	loops, _ := device.LoopDevices()
-	for dev := range loops {
+	for dev, backing := range loops {
 		if d, ino, err := device.LoopInode(dev); err == nil && images[[2]uint64{d, ino}] {
-			if err := device.DetachLoop(dev); err != nil {
+			if err := device.DetachLoop(dev, backing); err != nil {
 				errs = append(errs, err)
 			}
 		}

@@ -30,7 +30,7 @@ func TestLoopAttachFindDetach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = DetachLoop(dev) })
+	t.Cleanup(func() { _ = DetachLoop(dev, img) })
 	if got := LoopBackingFile(dev); got != img {
 		t.Fatalf("backing file of %s: %q, want %q", dev, got, img)
 	}
@@ -40,10 +40,14 @@ func TestLoopAttachFindDetach(t *testing.T) {
 	if size, err := DeviceSize(dev); err != nil || size != 32<<20 {
 		t.Fatalf("size %d, %v", size, err)
 	}
-	if err := DetachLoop(dev); err != nil {
+	// A number listed with another file serves someone else now.
+	if err := DetachLoop(dev, img+".other"); err != nil || LoopBackingFile(dev) != img {
+		t.Fatalf("detach of %s listed with another file: %v; backing now %q", dev, err, LoopBackingFile(dev))
+	}
+	if err := DetachLoop(dev, img); err != nil {
 		t.Fatal(err)
 	}
-	if err := DetachLoop(dev); err != nil {
+	if err := DetachLoop(dev, img); err != nil {
 		t.Fatalf("detaching twice: %v", err)
 	}
 	if devs, _ := LoopsFor(img); len(devs) != 0 {
@@ -58,7 +62,7 @@ func TestAttachRefusesSymlink(t *testing.T) {
 		t.Fatal(err)
 	}
 	if dev, err := AttachLoop(link); err == nil {
-		_ = DetachLoop(dev)
+		_ = DetachLoop(dev, LoopBackingFile(dev))
 		t.Fatal("attached through a symlink")
 	}
 }
@@ -72,7 +76,7 @@ func TestFormatProbeMount(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = DetachLoop(dev) })
+			t.Cleanup(func() { _ = DetachLoop(dev, img) })
 			if got, err := Probe(ctx, dev); err != nil || got != "" {
 				t.Fatalf("blank device probed as %q, %v", got, err)
 			}

@@ -80,10 +80,14 @@ func openLoopNode(dev string, n int) (*os.File, error) {
 	return f, nil
 }
 
-// DetachLoop detaches dev. A device that is still held (mounted) is detached
-// by the kernel when its last user goes; a device that is already free is not
-// an error, so that retries converge.
-func DetachLoop(dev string) error {
+// DetachLoop detaches dev if it still serves backing, the file it was
+// listed with (as LoopDevices reports it): the kernel hands a loop number
+// out again as soon as it is free, so a number listed a moment ago may now
+// serve another process's file, which must be left alone. A device that is
+// free, or serves something else, is not an error, so that retries converge.
+// A device that is still held (mounted) is detached by the kernel when its
+// last user goes.
+func DetachLoop(dev, backing string) error {
 	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -91,19 +95,27 @@ func DetachLoop(dev string) error {
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dev, err)
 	}
+	// While this descriptor is open the binding cannot change: a detach by
+	// anyone else only marks the device to detach on the last close, and
+	// a bound device cannot be attached. So the check below holds for the
+	// ioctl after it.
+	if LoopBackingFile(dev) != backing {
+		f.Close()
+		return nil
+	}
 	err = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0)
 	f.Close()
 	if err != nil && !errors.Is(err, unix.ENXIO) {
-		return fmt.Errorf("detach %s: %w", dev, err)
+		return fmt.Errorf("detach %s from %s: %w", dev, backing, err)
 	}
 	// While anyone else holds the device open, the kernel only marks it
 	// to detach on the last close. Wait for that, so that the caller does
 	// not delete the image of a device that is still attached.
-	for i := 0; i < 100 && LoopBackingFile(dev) != ""; i++ {
+	for i := 0; i < 100 && LoopBackingFile(dev) == backing; i++ {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if b := LoopBackingFile(dev); b != "" {
-		return fmt.Errorf("%s (%s) is still held open by another process: it detaches when that process lets go; retry", dev, b)
+	if LoopBackingFile(dev) == backing {
+		return fmt.Errorf("%s (%s) is still held open by another process: it detaches when that process lets go; retry", dev, backing)
 	}
 	return nil
 }

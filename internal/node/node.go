@@ -158,7 +158,7 @@ func (n *Node) ensureLoop(v *store.Volume) (string, error) {
 			continue
 		}
 		if mnts, _ := device.MountsOf(d); len(mnts) == 0 {
-			_ = device.DetachLoop(d)
+			_ = device.DetachLoop(d, img)
 		}
 	}
 	return keep, nil
@@ -267,7 +267,8 @@ func (n *Node) teardownStage(v *store.Volume) error {
 			}
 		}
 	}
-	devs, err := device.LoopsFor(n.pool.ImagePath(v.ID))
+	img := n.pool.ImagePath(v.ID)
+	devs, err := device.LoopsFor(img)
 	if err != nil {
 		return err
 	}
@@ -275,7 +276,7 @@ func (n *Node) teardownStage(v *store.Volume) error {
 		if mnts, _ := device.MountsOf(d); len(mnts) > 0 {
 			return fmt.Errorf("volume %s: %s is still mounted at %s: %w", v.ID, d, strings.Join(mnts, ", "), pool.ErrInUse)
 		}
-		if err := device.DetachLoop(d); err != nil {
+		if err := device.DetachLoop(d, img); err != nil {
 			return err
 		}
 	}

@@ -96,7 +96,7 @@ func (n *Node) Recover(ctx context.Context) error {
 			continue
 		}
 		klog.InfoS("Detaching loop device that no stage owns", "device", dev, "backing", backing)
-		if err := device.DetachLoop(dev); err != nil {
+		if err := device.DetachLoop(dev, backing); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -360,7 +360,7 @@ func detachUnused(img string) error {
 		if len(mnts) > 0 {
 			return fmt.Errorf("%s is mounted at %s: %w", dev, strings.Join(mnts, ", "), ErrInUse)
 		}
-		if err := device.DetachLoop(dev); err != nil {
+		if err := device.DetachLoop(dev, img); err != nil {
 			return err
 		}
 	}

@@ -120,8 +120,11 @@ spec: {volumeSnapshotClassName: podvol, source: {persistentVolumeClaimName: data
 	_, err := cluster.RunKubectl(ctx(t), "-n", n, "patch", "pvc", "data", "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"1Gi"}}}}`)
 	must(t, "resize", err)
 	eventually(t, 3*time.Minute, func() string {
-		kb, _ := strconv.Atoi(exec(t, n, "writer", "df -k /vol | tail -1 | awk '{print $2}'"))
-		if kb < 900*1024 {
+		out, err := cluster.Exec(ctx(t), n, "writer", "df -k /vol | tail -1 | awk '{print $2}'")
+		if err != nil {
+			return err.Error()
+		}
+		if kb, _ := strconv.Atoi(out); kb < 900*1024 {
 			return fmt.Sprintf("the pod sees %d KiB", kb)
 		}
 		return ""
@@ -179,38 +182,51 @@ func TestMetricsMatchVolumes(t *testing.T) {
 	pod(t, n, "i", "true", "csi:\n  driver: podvol.io\n  volumeAttributes: {size: 64Mi}")
 	waitPod(t, n, "m")
 	waitPod(t, n, "i")
-	pvs := strings.Fields(get(t, "", "pv", `{range .items[?(@.spec.csi.driver=="podvol.io")]}{.metadata.name} {end}`))
-	resp, err := http.Get("http://127.0.0.1:9808/metrics")
-	must(t, "scrape", err)
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	metric := func(re string) int {
-		m := regexp.MustCompile(re).FindSubmatch(b)
-		if m == nil {
-			t.Fatalf("no %s in the metrics", re)
+	// A PV of an earlier test may be going away: compare until both
+	// sides agree.
+	eventually(t, time.Minute, func() string {
+		out, err := cluster.Get(ctx(t), "", "pv", `{range .items[?(@.spec.csi.driver=="podvol.io")]}{.metadata.name} {end}`)
+		if err != nil {
+			return err.Error()
 		}
-		v, _ := strconv.ParseFloat(string(m[1]), 64)
-		return int(v)
-	}
-	if got := metric(`podvol_volumes\{kind="persistent"\} (\S+)`); got != len(pvs) {
-		t.Fatalf("podvol_volumes{kind=persistent} = %d, podvol PVs: %d (%v)", got, len(pvs), pvs)
-	}
-	if got := metric(`podvol_volumes\{kind="inline"\} (\S+)`); got < 1 {
-		t.Fatalf("podvol_volumes{kind=inline} = %d with an inline pod running", got)
-	}
-	if got := metric(`podvol_csi_operation_duration_seconds_count\{code="OK",method="NodePublishVolume"\} (\S+)`); got < 2 {
-		t.Fatalf("NodePublishVolume count %d", got)
-	}
+		pvs := strings.Fields(out)
+		resp, err := http.Get("http://127.0.0.1:9808/metrics")
+		if err != nil {
+			return err.Error()
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		metric := func(re string) int {
+			m := regexp.MustCompile(re).FindSubmatch(b)
+			if m == nil {
+				return -1
+			}
+			v, _ := strconv.ParseFloat(string(m[1]), 64)
+			return int(v)
+		}
+		if got := metric(`podvol_volumes\{kind="persistent"\} (\S+)`); got != len(pvs) {
+			return fmt.Sprintf("podvol_volumes{kind=persistent} = %d, podvol PVs: %d (%v)", got, len(pvs), pvs)
+		}
+		if got := metric(`podvol_volumes\{kind="inline"\} (\S+)`); got < 1 {
+			return fmt.Sprintf("podvol_volumes{kind=inline} = %d with an inline pod running", got)
+		}
+		if got := metric(`podvol_csi_operation_duration_seconds_count\{code="OK",method="NodePublishVolume"\} (\S+)`); got < 2 {
+			return fmt.Sprintf("NodePublishVolume count %d", got)
+		}
+		return ""
+	})
 }
 
-// waitPendingFor waits until an event of the pod explains, with word, why it
-// cannot run.
+// waitPendingFor waits until the pod's scheduling condition or one of its
+// events explains, with word, why it cannot run. The condition is read too:
+// repeats of an event keep the first message, which may give another reason.
 func waitPendingFor(t *testing.T, ns, pod, word string) {
 	t.Helper()
 	eventually(t, 2*time.Minute, func() string {
 		ev, _ := cluster.RunKubectl(ctx(t), "-n", ns, "get", "events", "--field-selector", "involvedObject.name="+pod, "-o", "jsonpath={.items[*].message}")
-		if !strings.Contains(ev, word) {
-			return "no event of pod " + pod + " mentions " + word + ": " + ev
+		cond, _ := cluster.Get(ctx(t), ns, "pod/"+pod, `{.status.conditions[?(@.type=="PodScheduled")].message}`)
+		if !strings.Contains(ev+cond, word) {
+			return "nothing about pod " + pod + " mentions " + word + ": " + cond + " / " + ev
 		}
 		return ""
 	})

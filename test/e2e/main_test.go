@@ -65,6 +65,16 @@ func ns(t *testing.T) string {
 		if _, err := cluster.RunKubectl(ctx, "delete", "namespace", name, "--wait=true", "--timeout=5m"); err != nil {
 			t.Errorf("delete namespace %s: %v", name, err)
 		}
+		// The PVs go after their namespace, when the provisioner has
+		// deleted the volumes: the next test counts the pool from a
+		// quiet start.
+		eventually(t, 3*time.Minute, func() string {
+			pvs, err := cluster.Get(ctx, "", "pv", `{.items[?(@.spec.claimRef.namespace=="`+name+`")].metadata.name}`)
+			if err != nil || pvs != "" {
+				return fmt.Sprintf("PVs of namespace %s left: %q %v", name, pvs, err)
+			}
+			return ""
+		})
 	})
 	return name
 }

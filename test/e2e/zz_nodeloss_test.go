@@ -3,6 +3,7 @@ package e2e
 // This file runs last: it replaces the cluster's node.
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -76,11 +77,14 @@ spec:
 	must(t, "replace the node", cluster.ReplaceNode(ctx(t), next))
 
 	eventually(t, 6*time.Minute, func() string {
-		ready := get(t, n, "deployment/web", "{.status.readyReplicas}")
-		if ready != "2" {
-			return "web has " + ready + " ready replicas"
+		ready, err := cluster.Get(ctx(t), n, "deployment/web", "{.status.readyReplicas}")
+		if ready != "2" || err != nil {
+			return fmt.Sprintf("web has %q ready replicas (%v)", ready, err)
 		}
-		nodes := get(t, n, "pods", "{.items[*].spec.nodeName}")
+		nodes, err := cluster.Get(ctx(t), n, "pods", "{.items[*].spec.nodeName}")
+		if err != nil {
+			return err.Error()
+		}
 		for _, node := range strings.Fields(nodes) {
 			if node != next {
 				return "a pod is still on " + node + ": " + nodes
