@@ -107,7 +107,7 @@ func (c *Cluster) path(p ...string) string { return filepath.Join(append([]strin
 // waits until it serves. Running it again on a running cluster re-deploys
 // podvol and changes nothing else.
 func (c *Cluster) Up(ctx context.Context) error {
-	c.p.total = 9
+	c.p.begin(9)
 	c.p.next("checking the machine")
 	if err := c.checkHost(); err != nil {
 		return err

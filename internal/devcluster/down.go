@@ -47,7 +47,7 @@ func (c *Cluster) Down(ctx context.Context) error {
 		fmt.Fprintf(c.Out, "no dev cluster at %s\n", c.Dir)
 		return nil
 	}
-	c.p.total = 5
+	c.p.begin(5)
 	var errs []error
 	c.p.next("stopping the kubelet and the pods' containers")
 	errs = append(errs, c.stopProcess("kubelet", 30*time.Second))

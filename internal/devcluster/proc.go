@@ -51,7 +51,7 @@ func (c *Cluster) running(name string) (int, bool) {
 	if err != nil || pid <= 0 {
 		return 0, false
 	}
-	if syscall.Kill(pid, 0) != nil {
+	if !alive(pid) {
 		return 0, false
 	}
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -71,19 +71,39 @@ func (c *Cluster) stopProcess(name string, grace time.Duration) error {
 	}
 	_ = syscall.Kill(pid, syscall.SIGTERM)
 	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		if syscall.Kill(pid, 0) != nil {
-			break
-		}
+	for time.Now().Before(deadline) && alive(pid) {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if syscall.Kill(pid, 0) == nil {
+	if alive(pid) {
 		c.p.note("%s (pid %d) did not stop within %s: SIGKILL", name, pid, grace)
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		time.Sleep(200 * time.Millisecond)
 	}
 	c.p.note("stopped %s (pid %d)", name, pid)
 	return os.Remove(c.pidFile(name))
+}
+
+// alive reports whether pid still runs. A component started by this very
+// process (the e2e tests bring the cluster up and down in one process) stays
+// a zombie after it exits until it is reaped, and signal 0 still reaches a
+// zombie: reap it here, and count any other zombie as stopped.
+func alive(pid int) bool {
+	var ws syscall.WaitStatus
+	if got, _ := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); got == pid {
+		return false
+	}
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses.
+	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+		return false
+	}
+	return true
 }
 
 // waitFor polls check until it succeeds or timeout passes, and says what it

@@ -15,6 +15,11 @@ type progress struct {
 	total int
 }
 
+// begin starts counting the steps of one command (Up, Down) afresh.
+func (p *progress) begin(total int) {
+	p.start, p.step, p.total = time.Now(), 0, total
+}
+
 func (p *progress) next(format string, a ...any) {
 	p.step++
 	fmt.Fprintf(p.out, "[%d/%d] %s (%s so far)\n", p.step, p.total, fmt.Sprintf(format, a...), time.Since(p.start).Round(time.Second))
