@@ -75,7 +75,9 @@ func (c *Cluster) stopProcess(name string, grace time.Duration) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if alive(pid) {
-		c.p.note("%s (pid %d) did not stop within %s: SIGKILL", name, pid, grace)
+		if grace > 0 {
+			c.p.note("%s (pid %d) did not stop within %s: SIGKILL", name, pid, grace)
+		}
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		time.Sleep(200 * time.Millisecond)
 	}

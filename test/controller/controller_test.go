@@ -454,7 +454,8 @@ func TestNodeLossReleasesVolumes(t *testing.T) {
 }
 
 // The release happens once per node: what the cache has not seen then (a
-// PV, its PVC, its class) must not be skipped for good.
+// PV, its PVC, its class) must not be skipped for good, nor a PV left behind
+// because a provisioner put its finalizer back.
 func TestNodeLossStaleCache(t *testing.T) {
 	e := start(t, "ephemeral-volume")
 	ns := e.ns("stale-sts")
@@ -470,6 +471,18 @@ func TestNodeLossStaleCache(t *testing.T) {
 			return apierrors.NewNotFound(schema.GroupResource{}, key.Name)
 		},
 		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			return nil
+		},
+		// external-provisioner adds its finalizer again to a bound PV
+		// that is not being deleted, as soon as it sees it gone.
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if err := c.Patch(ctx, obj, patch, opts...); err != nil {
+				return err
+			}
+			if pv, ok := obj.(*corev1.PersistentVolume); ok && pv.DeletionTimestamp == nil {
+				pv.Finalizers = append(pv.Finalizers, "external-provisioner.volume.kubernetes.io/finalizer")
+				return c.Update(ctx, pv)
+			}
 			return nil
 		},
 	})

@@ -60,6 +60,7 @@ spec:
 	must(t, "web ready", err)
 	waitPod(t, n, "db-0")
 	oldClaim := get(t, n, "pvc/data-db-0", "{.metadata.uid}")
+	oldPV := get(t, n, "pvc/data-db-0", "{.spec.volumeName}")
 
 	// The drain cannot finish on the only node: one pod is evicted, its
 	// replacement has nowhere to go, and the budget blocks the second.
@@ -105,6 +106,13 @@ spec:
 	if got := exec(t, n, "db-0", "cat /vol/f"); got != "db" {
 		t.Fatalf("db-0 on the new node: %q", got)
 	}
+	// The lost node's PV goes too: no provisioner can delete it.
+	eventually(t, time.Minute, func() string {
+		if out, err := cluster.RunKubectl(ctx(t), "get", "pv", oldPV, "--ignore-not-found", "-o", "jsonpath={.metadata.name} {.metadata.finalizers}"); err != nil || out != "" {
+			return fmt.Sprintf("PV of the lost node is still there: %s (%v)", out, err)
+		}
+		return ""
+	})
 	if ev, _ := cluster.RunKubectl(ctx(t), "-n", n, "get", "events", "-o", "jsonpath={.items[*].reason}"); !strings.Contains(ev, "NodeLost") {
 		t.Fatalf("no NodeLost event: %s", ev)
 	}

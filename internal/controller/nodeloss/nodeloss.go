@@ -118,19 +118,30 @@ func (r *Reconciler) releasePV(ctx context.Context, pv *corev1.PersistentVolume,
 			return err
 		}
 	}
-	// Nobody can delete the volume on a node that is gone: drop the
-	// finalizers that wait for that, then the PV.
-	if len(pv.Finalizers) > 0 {
-		patch := client.MergeFrom(pv.DeepCopy())
-		pv.Finalizers = slices.DeleteFunc(pv.Finalizers, func(f string) bool {
-			return f == "kubernetes.io/pv-protection" || f == "external-provisioner.volume.kubernetes.io/finalizer"
-		})
-		if err := r.Client.Patch(ctx, pv, patch); err != nil && !apierrors.IsNotFound(err) {
-			return err
+	// Nobody can delete the volume on a node that is gone: delete the PV,
+	// then drop the finalizers that wait for that volume. In that order:
+	// external-provisioner and the PV protection controller add their
+	// finalizer again to a bound PV that is not being deleted.
+	if pv.DeletionTimestamp == nil {
+		if err := r.Client.Delete(ctx, pv); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete PV %s of lost node %s: %w", pv.Name, nodeName, err)
+		}
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pv), pv); err != nil {
+			return client.IgnoreNotFound(err)
 		}
 	}
-	if err := r.Client.Delete(ctx, pv); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete PV %s of lost node %s: %w", pv.Name, nodeName, err)
+	kept := slices.DeleteFunc(slices.Clone(pv.Finalizers), func(f string) bool {
+		return f == "kubernetes.io/pv-protection" || f == "external-provisioner.volume.kubernetes.io/finalizer"
+	})
+	if len(kept) == len(pv.Finalizers) {
+		return nil
+	}
+	// A finalizer someone adds meanwhile is not dropped: the patch fails
+	// on the changed resourceVersion and the node is looked at again.
+	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	pv.Finalizers = kept
+	if err := r.Client.Patch(ctx, pv, patch); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("drop the finalizers of PV %s of lost node %s: %w", pv.Name, nodeName, err)
 	}
 	return nil
 }
