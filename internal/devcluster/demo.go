@@ -54,9 +54,10 @@ func (c *Cluster) Get(ctx context.Context, ns, obj, jsonpath string) (string, er
 }
 
 // PodSpec is the spec of a busybox pod that runs script, then sleeps, with
-// one volume mounted at path, indented by n spaces. The pod is Ready only
-// once script has finished, so that what it wrote can be read. volume is the volume's
+// one volume mounted at path, indented by n spaces. volume is the volume's
 // definition below its name, at indentation 0 (e.g. "csi:\n  driver: ...").
+// The pod is Ready only once script has finished, so that what it wrote can
+// be read.
 func PodSpec(n int, script, name, path, volume string) string {
 	s := fmt.Sprintf(`terminationGracePeriodSeconds: 1
 containers:
@@ -88,6 +89,7 @@ func (c *Cluster) Demo(ctx context.Context) error {
 		{"persistent volume (StatefulSet), pod restarted", func() (string, string, error) { return c.demoStatefulSet(ctx, ns) }},
 		{"snapshot and restore", func() (string, string, error) { return c.demoSnapshot(ctx, ns) }},
 		{"clone", func() (string, string, error) { return c.demoClone(ctx, ns) }},
+		{"ephemeral clone, reset when its pod goes", func() (string, string, error) { return c.demoEphemeralClone(ctx, ns) }},
 		{"online resize (xfs)", func() (string, string, error) { return c.demoResize(ctx, ns) }},
 	}
 	fmt.Fprintf(c.Out, "\n== podvol demo: every lifecycle, in namespace %s\n", ns)
@@ -304,6 +306,50 @@ spec:
 		return "", "", fmt.Errorf("clone holds %q, want the source's data: %v", out, err)
 	}
 	return "PVC db-clone (dataSource: PVC data-db-0)", c.where(ctx, ns, "db-clone") + " (reflink of the source)", nil
+}
+
+// demoEphemeralClone: podvol-controller gives a clone back to the next pod
+// as a fresh copy of its source, whatever the last pod wrote.
+func (c *Cluster) demoEphemeralClone(ctx context.Context, ns string) (string, string, error) {
+	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: db-scratch
+  namespace: %s
+  annotations: {podvol.io/lifecycle: reset-on-detach}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: podvol-xfs
+  resources: {requests: {storage: 512Mi}}
+  dataSource: {kind: PersistentVolumeClaim, name: data-db-0}
+`, ns))
+	if err != nil {
+		return "", "", err
+	}
+	if _, err := c.readerPod(ctx, ns, "scratch-user", "db-scratch"); err != nil {
+		return "", "", err
+	}
+	if _, err := c.Exec(ctx, ns, "scratch-user", "echo scribbled >> /data/rows"); err != nil {
+		return "", "", err
+	}
+	if _, err := c.kubectl(ctx, "-n", ns, "delete", "pod", "scratch-user", "--wait=true", "--timeout=2m"); err != nil {
+		return "", "", err
+	}
+	err = waitFor("podvol-controller to reset PVC db-scratch", 2*time.Minute, func() error {
+		if n, _ := c.Get(ctx, ns, "pvc/db-scratch", "{.metadata.annotations.podvol\\.io/reset-count}"); n != "1" {
+			return fmt.Errorf("reset count %q: %w", n, errNotYet)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", "", err
+	}
+	out, err := c.readerPod(ctx, ns, "scratch-next", "db-scratch")
+	if err != nil || out != "row 1\nrow 2" {
+		return "", "", fmt.Errorf("the next pod's clone holds %q, want the source's data without the last pod's writes: %v", out, err)
+	}
+	return "PVC db-scratch (podvol.io/lifecycle: reset-on-detach), Pod scratch-user writes, Pod scratch-next sees the source",
+		c.where(ctx, ns, "db-scratch") + " (a fresh reflink for each pod)", nil
 }
 
 func (c *Cluster) demoResize(ctx context.Context, ns string) (string, string, error) {

@@ -326,10 +326,10 @@ func TestResetOnDetach(t *testing.T) {
 	if got := e.pvc(ns, "work").Annotations[clonelifecycle.ResetCount]; got != "2" {
 		t.Fatalf("reset count %q", got)
 	}
-	// The second PVC got both kinds of event, each with its own message.
+	// Each reset has its own two messages.
 	e.eventually("the second reset's events", func() bool {
 		ev := e.events(ns, "work")
-		return strings.Contains(ev, "(reset 2)") && strings.Contains(ev, "deleting it and creating it again as a fresh clone (reset 2)")
+		return strings.Contains(ev, "deleting it and creating it again as a fresh clone (reset 2)") && strings.Contains(ev, "created again as a fresh clone (reset 2)")
 	})
 }
 
