@@ -39,6 +39,9 @@ type Cluster struct {
 	Config
 	p    *progress
 	bins map[string]string
+	// children are the components this process started: only those are
+	// reaped here, by their own handle.
+	children map[int]*os.Process
 }
 
 const (

@@ -34,7 +34,10 @@ func (c *Cluster) startProcess(name string, env []string, bin string, args ...st
 		return fmt.Errorf("start %s: %w", name, err)
 	}
 	pid := cmd.Process.Pid
-	_ = cmd.Process.Release()
+	if c.children == nil {
+		c.children = map[int]*os.Process{}
+	}
+	c.children[pid] = cmd.Process
 	return os.WriteFile(c.pidFile(name), []byte(strconv.Itoa(pid)), 0o600)
 }
 
@@ -51,7 +54,7 @@ func (c *Cluster) running(name string) (int, bool) {
 	if err != nil || pid <= 0 {
 		return 0, false
 	}
-	if !alive(pid) {
+	if !c.alive(pid) {
 		return 0, false
 	}
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -70,29 +73,41 @@ func (c *Cluster) stopProcess(name string, grace time.Duration) error {
 		return nil
 	}
 	_ = syscall.Kill(pid, syscall.SIGTERM)
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) && alive(pid) {
-		time.Sleep(100 * time.Millisecond)
-	}
-	if alive(pid) {
+	if !c.gone(pid, grace) {
 		if grace > 0 {
 			c.p.note("%s (pid %d) did not stop within %s: SIGKILL", name, pid, grace)
 		}
 		_ = syscall.Kill(pid, syscall.SIGKILL)
-		time.Sleep(200 * time.Millisecond)
+		if !c.gone(pid, 10*time.Second) {
+			return fmt.Errorf("%s (pid %d) survived SIGKILL for 10s (stuck in the kernel?): its pid file %s is kept", name, pid, c.pidFile(name))
+		}
 	}
 	c.p.note("stopped %s (pid %d)", name, pid)
 	return os.Remove(c.pidFile(name))
 }
 
-// alive reports whether pid still runs. A component started by this very
-// process (the e2e tests bring the cluster up and down in one process) stays
-// a zombie after it exits until it is reaped, and signal 0 still reaches a
-// zombie: reap it here, and count any other zombie as stopped.
-func alive(pid int) bool {
-	var ws syscall.WaitStatus
-	if got, _ := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); got == pid {
-		return false
+// gone waits up to timeout for pid to exit.
+func (c *Cluster) gone(pid int, timeout time.Duration) bool {
+	for deadline := time.Now().Add(timeout); c.alive(pid); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// alive reports whether pid still runs. A component this process started
+// stays a zombie after it exits until it is reaped, and signal 0 still
+// reaches a zombie: such a child is reaped here through its own handle;
+// any other zombie counts as stopped.
+func (c *Cluster) alive(pid int) bool {
+	if p, ok := c.children[pid]; ok {
+		var ws syscall.WaitStatus
+		if got, _ := syscall.Wait4(p.Pid, &ws, syscall.WNOHANG, nil); got == pid {
+			delete(c.children, pid)
+			_ = p.Release()
+			return false
+		}
 	}
 	if syscall.Kill(pid, 0) != nil {
 		return false

@@ -62,7 +62,7 @@ func TestAttachRefusesSymlink(t *testing.T) {
 		t.Fatal(err)
 	}
 	if dev, err := AttachLoop(link); err == nil {
-		_ = DetachLoop(dev, LoopBackingFile(dev))
+		_ = DetachLoop(dev, img)
 		t.Fatal("attached through a symlink")
 	}
 }

@@ -88,17 +88,21 @@ func openLoopNode(dev string, n int) (*os.File, error) {
 // A device that is still held (mounted) is detached by the kernel when its
 // last user goes.
 func DetachLoop(dev, backing string) error {
+	if backing == "" {
+		return nil
+	}
 	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
-	if errors.Is(err, os.ErrNotExist) {
+	// ENXIO: the device is being torn down by someone else right now.
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENXIO) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dev, err)
 	}
-	// While this descriptor is open the binding cannot change: a detach by
-	// anyone else only marks the device to detach on the last close, and
-	// a bound device cannot be attached. So the check below holds for the
-	// ioctl after it.
+	// While this descriptor is open, a device bound to backing stays bound
+	// to it: a detach by anyone else only marks it to detach on the last
+	// close, and a bound device cannot be attached again. So the check
+	// below holds for the ioctl after it.
 	if LoopBackingFile(dev) != backing {
 		f.Close()
 		return nil
@@ -134,8 +138,10 @@ func LoopDevices() (map[string]string, error) {
 		if err != nil {
 			continue // detached between the glob and the read
 		}
-		name := filepath.Base(filepath.Dir(filepath.Dir(e)))
-		out["/dev/"+name] = strings.TrimSuffix(string(b), "\n")
+		// Empty while the device is being torn down.
+		if file := strings.TrimSuffix(string(b), "\n"); file != "" {
+			out["/dev/"+filepath.Base(filepath.Dir(filepath.Dir(e)))] = file
+		}
 	}
 	return out, nil
 }

@@ -210,6 +210,11 @@ func TestEphemeralVolumeController(t *testing.T) {
 	if p := e.pvc(ns, "api-data"); len(p.OwnerReferences) != 0 || p.Labels["mine"] != "yes" {
 		t.Fatalf("a foreign PVC was changed: %+v", p.ObjectMeta)
 	}
+	// Once the user removes it, as the event says, the pod gets its own.
+	api := &corev1.Pod{}
+	e.must(e.c.Get(bg, client.ObjectKey{Namespace: ns, Name: "api"}, api))
+	e.must(e.c.Delete(bg, e.pvc(ns, "api-data")))
+	e.eventually("api-data created for the pod", func() bool { p := e.pvc(ns, "api-data"); return p != nil && metav1.IsControlledBy(p, api) })
 
 	// A pod being deleted gets nothing new.
 	term := podWith(ns, "going", ephemeralVol("v"))

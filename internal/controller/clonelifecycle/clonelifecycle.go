@@ -201,9 +201,7 @@ func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClai
 	if err := r.Client.Create(ctx, stash); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("stash PVC %s/%s before its reset: %w", pvc.Namespace, pvc.Name, err)
 	}
-	// Actions differ between the two events of a reset: events of one
-	// object with the same reason and action become one series that keeps
-	// the first message.
+	// The action (Delete, then Create) tells the two steps of a reset apart.
 	r.Recorder.Eventf(pvc, nil, corev1.EventTypeNormal, "ResetOnDetach", "Delete",
 		"no pod uses this ephemeral clone any more: deleting it and creating it again as a fresh clone (reset %d)", count+1)
 	err = r.Client.Delete(ctx, pvc, client.Preconditions{UID: &pvc.UID})

@@ -17,9 +17,14 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 var (
@@ -48,16 +53,50 @@ type Reconciler struct {
 	Recorder  events.EventRecorder
 }
 
-// SetupWithManager watches pods and the PVCs they own, so that a PVC
-// deleted while its pod lives is created again.
+// claimIndex indexes pods by the names of their ephemeral volumes' PVCs.
+const claimIndex = "podvol.ephemeral-claims"
+
+// SetupWithManager watches pods, and deleted PVCs: a PVC deleted while its
+// pod lives is created again, and the pod that a foreign PVC of the same
+// name kept waiting gets its own once that PVC is removed (a foreign PVC
+// fires no event for the pod otherwise).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
+	err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, claimIndex, func(o client.Object) []string {
+		pod := o.(*corev1.Pod)
+		var names []string
+		for i := range pod.Spec.Volumes {
+			if v := &pod.Spec.Volumes[i]; v.Ephemeral != nil {
+				names = append(names, ClaimName(pod, v))
+			}
+		}
+		return names
+	})
+	if err != nil {
+		return err
+	}
+	podsWanting := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		pods := &corev1.PodList{}
+		if err := mgr.GetClient().List(ctx, pods, client.InNamespace(o.GetNamespace()), client.MatchingFields{claimIndex: o.GetName()}); err != nil {
+			log.FromContext(ctx).Error(err, "List the pods waiting for a PVC", "pvc", o.GetNamespace()+"/"+o.GetName())
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(pods.Items))
+		for _, p := range pods.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
+		}
+		return reqs
+	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ephemeral-volume").
 		For(&corev1.Pod{}).
-		Watches(&corev1.PersistentVolumeClaim{}, handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &corev1.Pod{}, handler.OnlyControllerOwner())).
+		Watches(&corev1.PersistentVolumeClaim{}, podsWanting, builder.WithPredicates(predicate.Funcs{
+			CreateFunc:  func(event.CreateEvent) bool { return false },
+			UpdateFunc:  func(event.UpdateEvent) bool { return false },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+		})).
 		Complete(r)
 }
 

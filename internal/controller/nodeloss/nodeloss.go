@@ -126,9 +126,11 @@ func (r *Reconciler) releasePV(ctx context.Context, pv *corev1.PersistentVolume,
 		if err := r.Client.Delete(ctx, pv); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete PV %s of lost node %s: %w", pv.Name, nodeName, err)
 		}
-		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pv), pv); err != nil {
+		deleting := &corev1.PersistentVolume{}
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pv), deleting); err != nil {
 			return client.IgnoreNotFound(err)
 		}
+		pv = deleting
 	}
 	kept := slices.DeleteFunc(slices.Clone(pv.Finalizers), func(f string) bool {
 		return f == "kubernetes.io/pv-protection" || f == "external-provisioner.volume.kubernetes.io/finalizer"
@@ -136,8 +138,8 @@ func (r *Reconciler) releasePV(ctx context.Context, pv *corev1.PersistentVolume,
 	if len(kept) == len(pv.Finalizers) {
 		return nil
 	}
-	// A finalizer someone adds meanwhile is not dropped: the patch fails
-	// on the changed resourceVersion and the node is looked at again.
+	// If the PV changed meanwhile (another finalizer removed), the patch
+	// fails on its resourceVersion and the node is looked at again.
 	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	pv.Finalizers = kept
 	if err := r.Client.Patch(ctx, pv, patch); err != nil && !apierrors.IsNotFound(err) {
