@@ -288,17 +288,22 @@ spec:
 	return "VolumeSnapshot db-snap, PVC db-restore", c.where(ctx, ns, "db-restore") + " (reflink of the snapshot)", nil
 }
 
-func (c *Cluster) demoClone(ctx context.Context, ns string) (string, string, error) {
-	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
+// cloneOfDB creates a PVC that clones data-db-0, with annotations (YAML
+// flow mapping entries, may be empty).
+func (c *Cluster) cloneOfDB(ctx context.Context, ns, name, annotations string) error {
+	return c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
 kind: PersistentVolumeClaim
-metadata: {name: db-clone, namespace: %s}
+metadata: {name: %s, namespace: %s, annotations: {%s}}
 spec:
   accessModes: [ReadWriteOnce]
   storageClassName: podvol-xfs
   resources: {requests: {storage: 512Mi}}
   dataSource: {kind: PersistentVolumeClaim, name: data-db-0}
-`, ns))
-	if err != nil {
+`, name, ns, annotations))
+}
+
+func (c *Cluster) demoClone(ctx context.Context, ns string) (string, string, error) {
+	if err := c.cloneOfDB(ctx, ns, "db-clone", ""); err != nil {
 		return "", "", err
 	}
 	out, err := c.readerPod(ctx, ns, "clone-reader", "db-clone")
@@ -311,19 +316,7 @@ spec:
 // demoEphemeralClone: podvol-controller gives a clone back to the next pod
 // as a fresh copy of its source, whatever the last pod wrote.
 func (c *Cluster) demoEphemeralClone(ctx context.Context, ns string) (string, string, error) {
-	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: db-scratch
-  namespace: %s
-  annotations: {podvol.io/lifecycle: reset-on-detach}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: podvol-xfs
-  resources: {requests: {storage: 512Mi}}
-  dataSource: {kind: PersistentVolumeClaim, name: data-db-0}
-`, ns))
-	if err != nil {
+	if err := c.cloneOfDB(ctx, ns, "db-scratch", "podvol.io/lifecycle: reset-on-detach"); err != nil {
 		return "", "", err
 	}
 	if _, err := c.readerPod(ctx, ns, "scratch-user", "db-scratch"); err != nil {
@@ -335,7 +328,7 @@ spec:
 	if _, err := c.kubectl(ctx, "-n", ns, "delete", "pod", "scratch-user", "--wait=true", "--timeout=2m"); err != nil {
 		return "", "", err
 	}
-	err = waitFor("podvol-controller to reset PVC db-scratch", 2*time.Minute, func() error {
+	err := waitFor("podvol-controller to reset PVC db-scratch", 2*time.Minute, func() error {
 		if n, _ := c.Get(ctx, ns, "pvc/db-scratch", "{.metadata.annotations.podvol\\.io/reset-count}"); n != "1" {
 			return fmt.Errorf("reset count %q: %w", n, errNotYet)
 		}
