@@ -191,8 +191,10 @@ spec:
 	return "Pod inline (volumes[].csi, no PVC)", "node " + c.NodeName + ", an image in " + c.path("pool", "volumes") + ", deleted with the pod", nil
 }
 
-func (c *Cluster) demoStatefulSet(ctx context.Context, ns string) (string, string, error) {
-	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: apps/v1
+// DBStatefulSet is a StatefulSet "db" of one busybox pod running script,
+// with a volume "data" of class and size mounted at path.
+func DBStatefulSet(ns, class, size, script, path string) string {
+	return fmt.Sprintf(`apiVersion: apps/v1
 kind: StatefulSet
 metadata: {name: db, namespace: %s}
 spec:
@@ -206,9 +208,13 @@ spec:
   - metadata: {name: data}
     spec:
       accessModes: [ReadWriteOnce]
-      storageClassName: podvol-xfs
-      resources: {requests: {storage: 512Mi}}
-`, ns, PodSpec(6, "test -f /data/rows || echo 'row 1' > /data/rows", "data", "/data", "")))
+      storageClassName: %s
+      resources: {requests: {storage: %s}}
+`, ns, PodSpec(6, script, "data", path, ""), class, size)
+}
+
+func (c *Cluster) demoStatefulSet(ctx context.Context, ns string) (string, string, error) {
+	err := c.Apply(ctx, DBStatefulSet(ns, "podvol-xfs", "512Mi", "test -f /data/rows || echo 'row 1' > /data/rows", "/data"))
 	if err != nil {
 		return "", "", err
 	}

@@ -39,23 +39,7 @@ spec:
   maxUnavailable: 1
   selector: {matchLabels: {app: web}}
 ---
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: db, namespace: %[1]s}
-spec:
-  serviceName: db
-  replicas: 1
-  selector: {matchLabels: {app: db}}
-  template:
-    metadata: {labels: {app: db}}
-    spec:
-%[3]s  volumeClaimTemplates:
-  - metadata: {name: data}
-    spec:
-      accessModes: [ReadWriteOnce]
-      storageClassName: podvol
-      resources: {requests: {storage: 64Mi}}
-`, n, devcluster.PodSpec(6, "echo web > /vol/f", "vol", "/vol", ephemeralVolume), devcluster.PodSpec(6, "echo db > /vol/f", "data", "/vol", ""))
+%[3]s`, n, devcluster.PodSpec(6, "echo web > /vol/f", "vol", "/vol", ephemeralVolume), devcluster.DBStatefulSet(n, "podvol", "64Mi", "echo db > /vol/f", "/vol"))
 	_, err := cluster.RunKubectl(ctx(t), "-n", n, "rollout", "status", "deployment/web", "--timeout=4m")
 	must(t, "web ready", err)
 	waitPod(t, n, "db-0")
