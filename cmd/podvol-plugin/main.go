@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +47,7 @@ func main() {
 		kubeconfig  = flag.String("kubeconfig", "", "kubeconfig for directAssign=auto (reading pods and RuntimeClasses); default: in-cluster config when run in a pod, else none")
 		regDir      = flag.String("registration-dir", "", "kubelet's plugin registration directory (e.g. /var/lib/kubelet/plugins_registry); empty: do not register")
 		regPath     = flag.String("kubelet-registration-path", "", "the CSI socket's path as the kubelet sees it (default: the --endpoint path)")
+		unknownImgs = flag.String("unknown-images", pool.UnknownRefuse, "images in the pool that the metadata store has no record of (a lost or old podvol.db): "+strings.Join(pool.UnknownImagePolicies, ", ")+"; refuse stops the plugin with an explanation")
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
 	klog.InitFlags(nil)
@@ -56,7 +58,7 @@ func main() {
 	}
 	cfg := config{endpoint: *endpoint, nodeID: *nodeID, poolDir: *poolDir, capacity: *capacity, metricsAddr: *metricsAddr,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
-		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath}
+		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs}
 	if err := run(cfg); err != nil {
 		klog.ErrorS(err, "podvol-plugin failed")
 		klog.Flush()
@@ -72,6 +74,7 @@ type config struct {
 	kataDir, kubeconfig                              string
 	sandboxDirs                                      []string
 	regDir, regPath                                  string
+	unknownImages                                    string
 }
 
 func quantity(flagName, v string) (int64, error) {
@@ -97,13 +100,16 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
+	if !slices.Contains(pool.UnknownImagePolicies, c.unknownImages) {
+		return fmt.Errorf("--unknown-images %q: want one of %s", c.unknownImages, strings.Join(pool.UnknownImagePolicies, ", "))
+	}
 	if c.gcInterval <= 0 {
 		return fmt.Errorf("--inline-gc-interval must be positive")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	p, err := pool.Open(pool.Config{Dir: c.poolDir, Capacity: capBytes})
+	p, err := pool.Open(pool.Config{Dir: c.poolDir, Capacity: capBytes, UnknownImages: c.unknownImages})
 	if err != nil {
 		return err
 	}

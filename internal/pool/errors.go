@@ -12,4 +12,6 @@ var (
 	ErrOutOfRange = errors.New("out of range")
 	ErrInvalid    = errors.New("invalid")
 	ErrUnusable   = errors.New("pool unusable")
+	// ErrUnaccounted: the pool holds images its store does not know.
+	ErrUnaccounted = errors.New("images the metadata store does not account for")
 )

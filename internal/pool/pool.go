@@ -55,6 +55,9 @@ type Config struct {
 	Dir string
 	// Capacity in bytes; 0 takes the size of the filesystem holding Dir.
 	Capacity int64
+	// UnknownImages is what to do with images the store has no record
+	// of: UnknownRefuse (the default), UnknownAdopt or UnknownDelete.
+	UnknownImages string
 }
 
 // Pool is one node's volume pool.
@@ -106,6 +109,10 @@ func Open(cfg Config) (*Pool, error) {
 		p.capacity = fs.TotalBytes
 	}
 	if p.store, err = store.Open(filepath.Join(dir, "podvol.db")); err != nil {
+		return nil, err
+	}
+	if err := p.accountForImages(context.Background(), cfg.UnknownImages); err != nil {
+		p.store.Close()
 		return nil, err
 	}
 	return p, nil
@@ -368,17 +375,15 @@ func detachUnused(img string) error {
 }
 
 // Recover finishes what a crash interrupted: volumes caught being created are
-// rolled back (the CO retries the creation), volumes caught being deleted are
-// deleted, and image files that no record names are removed.
+// rolled back (the CO retries the creation) and volumes caught being deleted
+// are deleted. Images without a record were dealt with when the pool opened.
 func (p *Pool) Recover(ctx context.Context) error {
 	vols, err := p.store.Volumes()
 	if err != nil {
 		return err
 	}
-	known := map[string]bool{}
 	var errs []error
 	for _, v := range vols {
-		known[v.ID+".img"] = true
 		switch v.State {
 		case store.Creating, store.Deleting:
 			klog.InfoS("Recovering interrupted operation", "volume", v.ID, "name", v.Name, "state", v.State)
@@ -393,33 +398,6 @@ func (p *Pool) Recover(ctx context.Context) error {
 		}
 	}
 	errs = append(errs, p.recoverSnapshots()...)
-	snaps, err := p.store.Snapshots()
-	if err != nil {
-		return err
-	}
-	for _, s := range snaps {
-		known[s.ID+".img"] = true
-	}
-	for _, dir := range []string{p.volDir, p.snapDir} {
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			if known[e.Name()] {
-				continue
-			}
-			path := filepath.Join(dir, e.Name())
-			klog.InfoS("Removing image that nothing owns", "path", path)
-			if err := detachUnused(path); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if err := os.Remove(path); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
 	return errors.Join(errs...)
 }
 
