@@ -97,6 +97,8 @@ func (d *Driver) publishInline(ctx context.Context, req *csi.NodePublishVolumeRe
 		SizeBytes:  size,
 		FsType:     fsType,
 		MountFlags: flags,
+		ReadOnly:   req.GetReadonly(),
+		FsGroup:    c.GetMount().GetVolumeMountGroup(),
 		Pod:        store.Inline{PodUID: attrs[ctxPodUID], PodName: attrs[ctxPodName], PodNamespace: attrs[ctxPodNamespace]},
 	}))
 }

@@ -44,7 +44,10 @@ type PublishRequest struct {
 	SizeBytes  int64
 	FsType     string
 	MountFlags []string
-	Pod        store.Inline
+	ReadOnly   bool
+	// FsGroup is the pod's fsGroup (VOLUME_MOUNT_GROUP), "" for none.
+	FsGroup string
+	Pod     store.Inline
 }
 
 // VolumeID returns the pool's id of the inline volume kubelet calls handle.
@@ -67,6 +70,15 @@ func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 		return fmt.Errorf("inline volume of pod %s/%s: %w", pod.PodNamespace, pod.PodName, err)
 	}
 	err = m.Node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: r.TargetPath, FsType: r.FsType, MountFlags: r.MountFlags})
+	if err == nil && !r.ReadOnly {
+		err = node.ApplyFsGroup(r.TargetPath, r.FsGroup, "")
+		if err != nil {
+			err = fmt.Errorf("inline volume of pod %s/%s: %w", pod.PodNamespace, pod.PodName, err)
+			if uerr := m.Node.Unstage(ctx, v.ID, r.TargetPath); uerr != nil {
+				klog.ErrorS(uerr, "Unmounting inline volume after a failed publish", "volume", v.ID)
+			}
+		}
+	}
 	if err != nil && !errors.Is(err, pool.ErrConflict) {
 		// Nothing of a volume that could not be mounted is kept; kubelet
 		// retries the whole publish.

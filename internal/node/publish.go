@@ -140,16 +140,29 @@ func (n *Node) bind(ctx context.Context, v *store.Volume, r PublishRequest) erro
 	if err := device.Mount(ctx, source, r.TargetPath, "", opts); err != nil {
 		return fmt.Errorf("publish volume %s at %s: %w", v.ID, r.TargetPath, err)
 	}
-	if r.FsGroup != "" && !r.Block && !r.ReadOnly {
-		g, err := gid(r.FsGroup)
-		if err == nil {
-			// kubelet leaves fsGroup to a driver with VOLUME_MOUNT_GROUP.
-			err = device.SetGroup(r.TargetPath, g, r.FsGroupChangePolicy == "OnRootMismatch")
-		}
-		if err != nil {
+	if !r.Block && !r.ReadOnly {
+		if err := ApplyFsGroup(r.TargetPath, r.FsGroup, r.FsGroupChangePolicy); err != nil {
 			_ = device.Unmount(r.TargetPath)
-			return fmt.Errorf("apply fsGroup %s to volume %s: %w", r.FsGroup, v.ID, err)
+			return fmt.Errorf("volume %s: %w", v.ID, err)
 		}
+	}
+	return nil
+}
+
+// ApplyFsGroup gives the filesystem mounted at path to a pod's fsGroup (a
+// VOLUME_MOUNT_GROUP value; "" means none). kubelet leaves fsGroup to a
+// driver that advertises VOLUME_MOUNT_GROUP, so without this a non-root pod
+// cannot write to its own volume.
+func ApplyFsGroup(path, fsGroup, changePolicy string) error {
+	if fsGroup == "" {
+		return nil
+	}
+	g, err := gid(fsGroup)
+	if err == nil {
+		err = device.SetGroup(path, g, changePolicy == "OnRootMismatch")
+	}
+	if err != nil {
+		return fmt.Errorf("apply fsGroup %s: %w", fsGroup, err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -197,4 +199,28 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// asPodUser runs a shell command as a non-root pod user (uid 1000) whose only
+// group is the fsGroup 2000, in volume (bind-mounted, as a container runtime
+// does, at a path the user can reach), and fails the test if it fails.
+func asPodUser(t *testing.T, volume, command string) {
+	t.Helper()
+	mnt, err := os.MkdirTemp("", "podvol-pod-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(mnt)
+	if err := os.Chmod(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "--bind", volume, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("bind %s: %v: %s", volume, err, out)
+	}
+	defer func() { _ = unix.Unmount(mnt, 0) }()
+	cmd := exec.Command("setpriv", "--reuid", "1000", "--regid", "2000", "--clear-groups", "--", "sh", "-c", command)
+	cmd.Dir = mnt
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("as uid 1000 gid 2000 in %s: %s: %v: %s", volume, command, err, out)
+	}
 }

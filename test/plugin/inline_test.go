@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/podvol/podvol/test/plugintest"
@@ -31,6 +32,10 @@ func (k *kubelet) target(podUID, name string) string {
 func (k *kubelet) handle(podUID, name string) string { return "csi-" + podUID + "-" + name }
 
 func (k *kubelet) publish(podUID, name string, attrs map[string]string) error {
+	return k.publishCap(podUID, name, attrs, rwo)
+}
+
+func (k *kubelet) publishCap(podUID, name string, attrs map[string]string, c *csi.VolumeCapability) error {
 	t := k.target(podUID, name)
 	if err := os.MkdirAll(filepath.Dir(t), 0o750); err != nil {
 		k.e.t.Fatal(err)
@@ -45,7 +50,7 @@ func (k *kubelet) publish(podUID, name string, attrs map[string]string) error {
 		ctxAttrs[k] = v
 	}
 	_, err := k.e.p.Node().NodePublishVolume(ctx(k.e.t), &csi.NodePublishVolumeRequest{
-		VolumeId: k.handle(podUID, name), TargetPath: t, VolumeCapability: rwo, VolumeContext: ctxAttrs,
+		VolumeId: k.handle(podUID, name), TargetPath: t, VolumeCapability: c, VolumeContext: ctxAttrs,
 	})
 	return err
 }
@@ -187,5 +192,28 @@ func TestInlinePeriodicCollection(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	e.must("unpublish other", k.unpublish("uid2", "v"))
+	e.assertClean()
+}
+
+// TestInlineVolumeFsGroup: podvol advertises VOLUME_MOUNT_GROUP, so kubelet
+// leaves the pod's fsGroup to it; a non-root pod in that group can write to
+// its inline scratch space.
+func TestInlineVolumeFsGroup(t *testing.T) {
+	e, k := newInlineEnv(t, "")
+	for _, fs := range []string{"ext4", "xfs"} {
+		c := mountCap(fs, csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+		c.GetMount().VolumeMountGroup = "2000"
+		e.must("publish "+fs, k.publishCap("uid-"+fs, "scratch", map[string]string{"size": "300Mi"}, c))
+		target := k.target("uid-"+fs, "scratch")
+		var st unix.Stat_t
+		if err := unix.Stat(target, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Gid != 2000 || st.Mode&unix.S_ISGID == 0 || st.Mode&0o070 != 0o070 {
+			t.Fatalf("%s: inline volume root has gid %d mode %o, want gid 2000, setgid and g+rwx", fs, st.Gid, st.Mode&0o7777)
+		}
+		asPodUser(t, target, "echo ok > written-by-pod")
+		e.must("unpublish", k.unpublish("uid-"+fs, "scratch"))
+	}
 	e.assertClean()
 }
