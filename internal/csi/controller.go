@@ -68,6 +68,11 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	}
 
 	defer d.locks.lock("name/" + name)()
+	if source != nil && source.Kind == store.FromVolume {
+		// As for a snapshot: no unstage or offline growth of the source
+		// may run while it is frozen and copied.
+		defer d.locks.lock(source.ID)()
+	}
 	v, err := d.cfg.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Quiesce: d.cfg.Node.Quiesce})
 	if err != nil {
 		return nil, toStatus(err)

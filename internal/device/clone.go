@@ -125,29 +125,83 @@ const (
 	fithaw   = 0xC0045878
 )
 
-// Freeze blocks writes to the filesystem mounted at path and flushes it to
-// its device, until Thaw.
-func Freeze(path string) error {
-	return fsIoctl(path, fifreeze, "freeze")
+// OpenFilesystemOn opens the directory at path only if it is the root of a
+// mount of the filesystem on block device dev, and returns it. Whatever is
+// done through the descriptor (a freeze, a thaw) then reaches that
+// filesystem and no other, even if the path is unmounted or remounted
+// meanwhile: a freeze aimed at a staging directory whose mount is gone would
+// otherwise freeze the filesystem beneath it (the node's own).
+func OpenFilesystemOn(path, dev string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if err := onDevice(f, path, dev); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// MountedFrom reports why the filesystem mounted at path is not the one on
+// block device dev, or nil if it is.
+func MountedFrom(path, dev string) error {
+	f, err := OpenFilesystemOn(path, dev)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func onDevice(f *os.File, path, dev string) error {
+	var dst unix.Stat_t
+	if err := unix.Stat(dev, &dst); err != nil {
+		return fmt.Errorf("stat %s: %w", dev, err)
+	}
+	if dst.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return fmt.Errorf("%s is not a block device", dev)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.Dev != dst.Rdev {
+		return fmt.Errorf("%s is not on %s (device %d:%d, want %d:%d): %w", path, dev,
+			unix.Major(st.Dev), unix.Minor(st.Dev), unix.Major(dst.Rdev), unix.Minor(dst.Rdev), ErrNotMounted)
+	}
+	// The root of a mount is its own parent's child on another device, or
+	// "/" of the filesystem: a subdirectory would share its parent's.
+	var parent unix.Stat_t
+	if err := unix.Fstatat(int(f.Fd()), "..", &parent, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("stat %s/..: %w", path, err)
+	}
+	if parent.Dev == st.Dev && parent.Ino != st.Ino {
+		return fmt.Errorf("%s is a directory inside the filesystem on %s, not its mount: %w", path, dev, ErrNotMounted)
+	}
+	return nil
+}
+
+// ErrNotMounted: the expected filesystem is not mounted at a path.
+var ErrNotMounted = errors.New("not mounted there")
+
+// Freeze blocks writes to the filesystem f was opened on (OpenFilesystemOn)
+// and flushes it to its device, until Thaw through the same descriptor.
+func Freeze(f *os.File) error {
+	return fsIoctl(f, fifreeze, "freeze")
 }
 
 // Thaw undoes Freeze. A filesystem that is not frozen is left as it is.
-func Thaw(path string) error {
-	err := fsIoctl(path, fithaw, "thaw")
+func Thaw(f *os.File) error {
+	err := fsIoctl(f, fithaw, "thaw")
 	if errors.Is(err, unix.EINVAL) {
 		return nil
 	}
 	return err
 }
 
-func fsIoctl(path string, req uint, what string) error {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", what, path, err)
-	}
-	defer f.Close()
+func fsIoctl(f *os.File, req uint, what string) error {
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), uintptr(req), 0); errno != 0 {
-		return fmt.Errorf("%s %s: %w", what, path, errno)
+		return fmt.Errorf("%s %s: %w", what, f.Name(), errno)
 	}
 	return nil
 }

@@ -14,10 +14,24 @@ import (
 // Filesystems podvol formats. Anything else is refused at the edge.
 var Filesystems = map[string]bool{"ext4": true, "xfs": true}
 
+// rewritesDisk lists the tools that write a filesystem's metadata: killed
+// half-way they can leave it corrupt.
+var rewritesDisk = map[string]bool{"mkfs.ext4": true, "mkfs.xfs": true, "e2fsck": true, "resize2fs": true, "xfs_growfs": true}
+
 // run executes a command and folds its output into the error, so that a
-// failure says what the tool itself said.
+// failure says what the tool itself said. Commands run to completion whatever
+// becomes of the request that started them (kubelet's deadline expiring, a
+// cancelled call): a tool killed mid-run can corrupt a filesystem, and a
+// remount after a failure must still happen. The caller holds the volume's
+// lock meanwhile, so kubelet's retry waits for the result and finds it. Each
+// command has a timeout of its own instead, generous for the tools that
+// rewrite a disk (a check of a large filesystem takes long).
 func run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	timeout := 10 * time.Minute
+	if rewritesDisk[name] {
+		timeout = 2 * time.Hour
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	var out bytes.Buffer

@@ -110,20 +110,27 @@ func (n *Node) undoDirect(ctx context.Context, id, target string) error {
 	if err := removeTarget(target); err != nil {
 		return err
 	}
-	v, err := n.store.Update(id, func(v *store.Volume) error {
-		delete(v.Publications, target)
-		return nil
-	})
+	v, err := n.store.Volume(id)
 	if err != nil {
 		return err
 	}
+	// The staging mount comes back before the assignment's record goes:
+	// if the mount fails, the record keeps the unpublish failing, so that
+	// kubelet's retry mounts again, instead of a later publish finding an
+	// empty staging directory.
 	if s := v.Stage; s != nil && s.State == store.Staged && !s.Block {
-		if m, _ := device.MountedAt(s.Path); m == nil {
+		if device.MountedFrom(s.Path, s.Device) != nil {
 			klog.InfoS("Mounting the staging path again after a direct assignment", "volume", id, "stagingPath", s.Path)
-			return n.mountStaging(ctx, v, s.Device, s.Path, s.MountFlags)
+			if err := n.mountStaging(context.WithoutCancel(ctx), v, s.Device, s.Path, s.MountFlags); err != nil {
+				return fmt.Errorf("volume %s left its microVM, but mounting it again at %s failed: %w", id, s.Path, err)
+			}
 		}
 	}
-	return nil
+	_, err = n.store.Update(id, func(v *store.Volume) error {
+		delete(v.Publications, target)
+		return nil
+	})
+	return err
 }
 
 // directStats asks the runtime for a direct-assigned volume's usage.

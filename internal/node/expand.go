@@ -7,6 +7,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
@@ -61,6 +62,7 @@ func (n *Node) growMounted(ctx context.Context, v *store.Volume) error {
 		if err := device.Unmount(s.Path); err != nil {
 			return err
 		}
+		failpoint.Hit("grow-offline-after-unmount")
 		if err := device.GrowOffline(ctx, s.Device); err != nil {
 			// Leave the volume as staged as it was.
 			_ = device.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags)
@@ -76,22 +78,36 @@ func (n *Node) growMounted(ctx context.Context, v *store.Volume) error {
 
 // Quiesce makes a staged volume's image consistent for a copy: a mounted
 // filesystem is frozen (flushed, writes held) until the returned undo runs;
-// a block volume's page cache is flushed.
+// a block volume's page cache is flushed. A volume assigned to a microVM is
+// copied crash-consistent, as a cloud disk is snapshotted while attached: the
+// guest owns its filesystem, and the host has nothing of it to freeze (its
+// staging directory is then an empty directory on the node's filesystem,
+// which must never be frozen).
 func (n *Node) Quiesce(id string) (func(), error) {
 	v, err := n.store.Volume(id)
 	if err != nil || v.Stage == nil || v.Stage.State != store.Staged {
 		return func() {}, nil
 	}
 	s := v.Stage
-	if s.Block {
+	if device.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
+		// Not attached (a reboot took it): nothing writes to the image.
+		return func() {}, nil
+	}
+	if _, direct := directPublication(v); s.Block || direct {
 		return func() {}, device.SyncDevice(s.Device)
 	}
-	if err := device.Freeze(s.Path); err != nil {
+	f, err := device.OpenFilesystemOn(s.Path, s.Device)
+	if err != nil {
+		return nil, fmt.Errorf("volume %s is not mounted at its staging path, so it cannot be frozen for a consistent copy (stage it again): %w: %w", id, err, pool.ErrInUse)
+	}
+	if err := device.Freeze(f); err != nil {
+		f.Close()
 		return nil, fmt.Errorf("freeze volume %s for a consistent copy: %w", id, err)
 	}
 	return func() {
-		if err := device.Thaw(s.Path); err != nil {
+		if err := device.Thaw(f); err != nil {
 			klog.ErrorS(err, "Thawing volume after copy", "volume", id)
 		}
+		f.Close()
 	}, nil
 }

@@ -232,8 +232,31 @@ func (n *Node) stageIntact(v *store.Volume) bool {
 		// A direct-assigned volume is deliberately not mounted here.
 		return true
 	}
-	m, err := device.MountedAt(s.Path)
-	return err == nil && m != nil && m.Source == s.Device
+	return device.MountedFrom(s.Path, s.Device) == nil
+}
+
+// ensureStaged makes sure that what a publication would bind is this
+// volume's own: its filesystem on its loop device at the staging path, or
+// for block its loop device still serving its image. A stage that went away
+// (unmounted by hand, a remount that failed) is restored; if it cannot be,
+// the publish fails, and never binds the empty directory underneath, where a
+// pod would fill the node's own filesystem. It returns the volume as it is
+// recorded afterwards.
+func (n *Node) ensureStaged(ctx context.Context, v *store.Volume) (*store.Volume, error) {
+	if n.stageIntact(v) {
+		return v, nil
+	}
+	klog.InfoS("The stage of volume is gone: staging it again before publishing", "volume", v.ID, "stagingPath", v.Stage.Path, "device", v.Stage.Device)
+	_, err := n.restoreStage(ctx, v)
+	if err == nil {
+		if v, err = n.store.Volume(v.ID); err == nil && !n.stageIntact(v) {
+			err = errors.New("the staging path is not a directory any more")
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("volume %s is no longer staged at %s and could not be staged again (%v): refusing to publish anything else in its place; unstage and stage it again: %w", v.ID, v.Stage.Path, err, pool.ErrInUse)
+	}
+	return v, nil
 }
 
 // Unstage unmounts the staging path and detaches the loop device.

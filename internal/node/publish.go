@@ -57,6 +57,10 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 	}
 	if t, direct := directPublication(v); direct && t != r.TargetPath {
 		return fmt.Errorf("volume %s is assigned to a microVM at %s: it cannot be mounted on the host meanwhile: %w", v.ID, t, pool.ErrInUse)
+	} else if !direct {
+		if v, err = n.ensureStaged(ctx, v); err != nil {
+			return err
+		}
 	}
 	if p, ok := v.Publications[r.TargetPath]; ok && p.State == store.Published {
 		if p.ReadOnly != r.ReadOnly || (p.AccessMode == 1) != r.Exclusive {

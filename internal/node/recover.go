@@ -36,10 +36,21 @@ func (n *Node) Recover(ctx context.Context) error {
 		case store.Staged:
 			// A crash during a snapshot leaves the filesystem
 			// frozen, and every writer in the pod hangs: thaw first.
-			if m, _ := device.MountedAt(v.Stage.Path); m != nil && !v.Stage.Block && m.Source == v.Stage.Device {
-				if err := device.Thaw(v.Stage.Path); err != nil {
-					klog.V(2).InfoS("Thaw at start", "volume", v.ID, "err", err)
+			if !v.Stage.Block {
+				if f, err := device.OpenFilesystemOn(v.Stage.Path, v.Stage.Device); err == nil {
+					if err := device.Thaw(f); err != nil {
+						klog.V(2).InfoS("Thaw at start", "volume", v.ID, "err", err)
+					}
+					f.Close()
 				}
+			}
+			// An assignment to a microVM whose mount information is
+			// gone (ended, or never written) no longer keeps the
+			// staging mount away.
+			n.livePublications(v)
+			if v, err = n.store.Volume(v.ID); err != nil {
+				errs = append(errs, err)
+				continue
 			}
 			dev, err := n.restoreStage(ctx, v)
 			if err != nil {

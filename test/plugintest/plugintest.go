@@ -351,3 +351,9 @@ func XFSPool(t testing.TB, dir string, size int64) string {
 	}
 	return mnt
 }
+
+// MountedAt reports whether path is a mount point.
+func MountedAt(path string) bool {
+	ms, _ := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+	return len(ms) > 0
+}
