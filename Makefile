@@ -3,7 +3,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 GO ?= go
 
-.PHONY: all build test vet bench clean deps demo up down
+.PHONY: all build test vet fuzz bench clean deps demo up down
 
 all: build
 
@@ -12,7 +12,7 @@ build:
 	$(GO) build -o bin/podvol-dev ./cmd/podvol-dev
 
 # Debian packages the tests and the dev cluster need (root).
-DEB_PACKAGES := e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 ca-certificates git
+DEB_PACKAGES := e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git
 deps:
 	@echo "== installing Debian packages: $(DEB_PACKAGES)"
 	apt-get update -qq
@@ -40,8 +40,16 @@ vet:
 
 # Everything: unit tests, csi-sanity (ext4, xfs, block) and the crash tests,
 # all with real loop devices and mounts. Needs root.
-test: vet
+test: vet fuzz
 	$(GO) test -count=1 -timeout 60m ./...
+
+# A bounded run of the native fuzz targets over request sizes and size
+# quantities (their seed corpus also runs in every go test). A failure is
+# written to internal/csi/testdata/fuzz/: keep it as a regression input.
+FUZZTIME ?= 20s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzSizeFor$$' -fuzztime $(FUZZTIME) ./internal/csi/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseQuantitySize$$' -fuzztime $(FUZZTIME) ./internal/csi/
 
 clean:
 	rm -rf bin

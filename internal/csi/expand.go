@@ -32,7 +32,9 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 }
 
 // expandSize is the size a volume grows to: required bytes rounded up like a
-// new volume's.
+// new volume's, never beyond maxVolumeSize (OUT_OF_RANGE). Whether this
+// node's pool can hold it is NodeExpandVolume's question (the pool's
+// capacity check, RESOURCE_EXHAUSTED with the numbers, before it records).
 func expandSize(r *csi.CapacityRange) (int64, error) {
 	if r.GetRequiredBytes() <= 0 {
 		return 0, status.Error(codes.InvalidArgument, "capacity range needs required_bytes > 0 to expand")

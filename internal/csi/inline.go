@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"k8s.io/apimachinery/pkg/api/resource"
+	"google.golang.org/grpc/status"
 
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/store"
@@ -69,15 +69,12 @@ func (d *Driver) publishInline(ctx context.Context, req *csi.NodePublishVolumeRe
 		return invalid("unknown volumeAttributes %s: an inline podvol volume takes %s", strings.Join(unknown, ", "), strings.Join(inlineAttrs, ", "))
 	}
 	size := d.cfg.InlineDefaultSize
-	if s, ok := attrs[AttrSize]; ok {
-		q, err := resource.ParseQuantity(s)
-		if err != nil {
-			return invalid("volumeAttributes size=%q is not a quantity: write it like 1Gi or 500Mi", s)
+	sizeAttr, sized := attrs[AttrSize]
+	if sized {
+		var err error
+		if size, err = parseQuantitySize(sizeAttr); err != nil {
+			return err
 		}
-		if q.Sign() <= 0 {
-			return invalid("volumeAttributes size=%q must be more than zero", s)
-		}
-		size = q.Value()
 	}
 	fsType, err := fsTypeFor([]*csi.VolumeCapability{c}, map[string]string{ParamFsType: attrs[AttrFsType]})
 	if err != nil {
@@ -85,6 +82,9 @@ func (d *Driver) publishInline(ctx context.Context, req *csi.NodePublishVolumeRe
 	}
 	size, err = sizeFor(&csi.CapacityRange{RequiredBytes: size}, fsType)
 	if err != nil {
+		if sized {
+			return status.Errorf(status.Code(err), "volumeAttributes size=%q: %s", sizeAttr, status.Convert(err).Message())
+		}
 		return err
 	}
 	flags := slices.Clone(c.GetMount().GetMountFlags())
