@@ -9,8 +9,12 @@ package clonelifecycle
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -40,11 +44,50 @@ const (
 	LastReset  = "podvol.io/last-reset"
 )
 
-// stashKey holds the PVC to create again while the old one is deleted: the
-// reset survives a controller restart in between.
-const stashKey = "pvc.json"
+// The stash.
+//
+// A reset deletes a PVC and creates it again; the PVC to create is stashed
+// in a ConfigMap first, so that a controller restart between the two steps
+// loses nothing. podvol-controller creates whatever a stash describes, with
+// its cluster-wide right to create PVCs, so a stash must be something only
+// podvol-controller can have written, and this is why it is not kept in the
+// claim's namespace (as it once was, in podvol-reset-<claim>): whoever may
+// create ConfigMaps there can write one with any content, labels,
+// annotations and owner references (the API server does not check that an
+// owner exists, nor, without OwnerReferencesPermissionEnforcement, who names
+// it). Recording the deleted PVC's UID there proves nothing either: a tenant
+// may read UIDs, and once that PVC is gone a restarted controller has
+// nothing left to check the UID against (the restart is what the stash is
+// for). So the stash lives in the controller's own namespace
+// (Reconciler.StashNamespace), which tenants cannot write: a stash there was
+// written by podvol-controller, for the PVC whose UID it records, before it
+// deleted that PVC. Even so, the PVC created from it is rebuilt by derive
+// (the claim's own namespace and name, the fields that say what to
+// provision, nothing that binds it to an existing volume), never taken
+// wholesale. A ConfigMap podvol-reset-<claim> in the claim's namespace is
+// never acted on and never deleted: it is the tenant's; a Warning event
+// ResetStashIgnored says so.
+const (
+	stashKey = "pvc.json"
+	// stashClaim ("namespace/name") and stashOldUID on a stash name the
+	// claim it resets and the UID of the PVC it deleted.
+	stashClaim  = "podvol.io/claim"
+	stashOldUID = "podvol.io/old-uid"
+	// stashClaimNamespace labels stashes by the claim's namespace, for
+	// kubectl -l.
+	stashClaimNamespace = "podvol.io/claim-namespace"
+)
 
-func stashName(pvc string) string { return "podvol-reset-" + pvc }
+// stashName is the name of the stash of claim key in the stash namespace:
+// namespace and name do not fit in one object name, a hash of them does.
+func stashName(key types.NamespacedName) string {
+	h := sha256.Sum256([]byte(key.Namespace + "/" + key.Name))
+	return "podvol-reset-" + hex.EncodeToString(h[:16])
+}
+
+// tenantStashName is where an older podvol-controller kept the stash, in
+// the claim's namespace: what a tenant forges.
+func tenantStashName(claim string) string { return "podvol-reset-" + claim }
 
 var referenceGrantList = schema.GroupVersionKind{Group: "gateway.networking.k8s.io", Version: "v1beta1", Kind: "ReferenceGrantList"}
 
@@ -56,6 +99,21 @@ type Reconciler struct {
 	// SetupWithManager fills it in.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
+	// StashNamespace is where resets are stashed: podvol-controller's own
+	// namespace, where tenants cannot write (see stashName). Empty means
+	// $POD_NAMESPACE (deploy/base sets it), or else kube-system (a run
+	// outside a pod; the envtest tests).
+	StashNamespace string
+}
+
+func (r *Reconciler) stashNamespace() string {
+	if r.StashNamespace != "" {
+		return r.StashNamespace
+	}
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return metav1.NamespaceSystem
 }
 
 // claimIndex indexes pods by the PVCs they use.
@@ -171,35 +229,79 @@ func running(p corev1.Pod) bool {
 	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
-// reset stashes the PVC to be, then deletes the old one.
-func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
-	count, _ := strconv.Atoi(pvc.Annotations[ResetCount])
+// dropped are the annotations of a PVC that its successor does not get:
+// the binding of the old one, and Used.
+var dropped = map[string]bool{
+	Used: true, "pv.kubernetes.io/bind-completed": true, "pv.kubernetes.io/bound-by-controller": true, "volume.kubernetes.io/selected-node": true,
+	"volume.kubernetes.io/storage-provisioner": true, "volume.beta.kubernetes.io/storage-provisioner": true, "kubectl.kubernetes.io/last-applied-configuration": true,
+}
+
+// derive is the PVC a reset creates in place of claim key, built from src
+// (the old PVC, or the stash made from it): key's namespace and name, src's
+// labels and annotations less those of its binding, and the fields of its
+// spec that say what to provision. Nothing that would bind it to an
+// existing volume (volumeName, selector), no finalizers, no owners.
+func derive(key types.NamespacedName, src *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
+	s := &src.Spec
 	next := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: pvc.Name, Namespace: pvc.Namespace, Labels: pvc.Labels, Annotations: map[string]string{}},
-		Spec:       *pvc.Spec.DeepCopy(),
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, Labels: maps.Clone(src.Labels), Annotations: map[string]string{}},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:               slices.Clone(s.AccessModes),
+			Resources:                 *s.Resources.DeepCopy(),
+			StorageClassName:          copyPtr(s.StorageClassName),
+			VolumeMode:                copyPtr(s.VolumeMode),
+			DataSource:                s.DataSource.DeepCopy(),
+			DataSourceRef:             s.DataSourceRef.DeepCopy(),
+			VolumeAttributesClassName: copyPtr(s.VolumeAttributesClassName),
+		},
 	}
-	for k, v := range pvc.Annotations {
-		switch k {
-		case Used, "pv.kubernetes.io/bind-completed", "pv.kubernetes.io/bound-by-controller", "volume.kubernetes.io/selected-node",
-			"volume.kubernetes.io/storage-provisioner", "volume.beta.kubernetes.io/storage-provisioner", "kubectl.kubernetes.io/last-applied-configuration":
-		default:
+	for k, v := range src.Annotations {
+		if !dropped[k] {
 			next.Annotations[k] = v
 		}
 	}
+	return next
+}
+
+func copyPtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
+// reset stashes the PVC to be, then deletes the old one.
+func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	key := client.ObjectKeyFromObject(pvc)
+	count, _ := strconv.Atoi(pvc.Annotations[ResetCount])
+	next := derive(key, pvc)
 	next.Annotations[ResetCount] = strconv.Itoa(count + 1)
 	next.Annotations[LastReset] = time.Now().UTC().Format(time.RFC3339)
-	next.Spec.VolumeName = ""
 	b, err := json.Marshal(next)
 	if err != nil {
 		return err
 	}
+	// Stashed before the delete, with the UID of the PVC about to be
+	// deleted: finishReset creates a PVC only from a stash it finds here.
 	stash := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: stashName(pvc.Name), Namespace: pvc.Namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "podvol-controller"},
-			Annotations: map[string]string{"podvol.io/old-uid": string(pvc.UID)}},
+		ObjectMeta: metav1.ObjectMeta{Name: stashName(key), Namespace: r.stashNamespace(),
+			Labels:      map[string]string{"app.kubernetes.io/managed-by": "podvol-controller", stashClaimNamespace: key.Namespace},
+			Annotations: map[string]string{stashClaim: key.String(), stashOldUID: string(pvc.UID)}},
 		Data: map[string]string{stashKey: string(b)},
 	}
-	if err := r.Client.Create(ctx, stash); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("stash PVC %s/%s before its reset: %w", pvc.Namespace, pvc.Name, err)
+	err = r.Client.Create(ctx, stash)
+	if apierrors.IsAlreadyExists(err) {
+		// From an earlier try at this reset whose delete did not happen
+		// (finishReset has removed any stash of another PVC of this name).
+		err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(stash), stash)
+		if err == nil && (stash.Annotations[stashClaim] != key.String() || stash.Annotations[stashOldUID] != string(pvc.UID)) {
+			err = fmt.Errorf("stash %s/%s is for %s (UID %s), not this PVC (UID %s)",
+				stash.Namespace, stash.Name, stash.Annotations[stashClaim], stash.Annotations[stashOldUID], pvc.UID)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("stash PVC %s before its reset: %w", key, err)
 	}
 	// The action (Delete, then Create) tells the two steps of a reset apart.
 	r.Recorder.Eventf(pvc, nil, corev1.EventTypeNormal, "ResetOnDetach", "Delete",
@@ -208,7 +310,7 @@ func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClai
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return nil
 	}
-	log.FromContext(ctx).Info("Reset ephemeral clone", "pvc", pvc.Namespace+"/"+pvc.Name, "reset", count+1)
+	log.FromContext(ctx).Info("Reset ephemeral clone", "pvc", key.String(), "reset", count+1)
 	return err
 }
 
@@ -220,34 +322,103 @@ func (r *Reconciler) finishReset(ctx context.Context, key types.NamespacedName, 
 	}
 	// ConfigMaps are not watched (nor cached): the stash is read live.
 	stash := &corev1.ConfigMap{}
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: stashName(key.Name)}, stash)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: r.stashNamespace(), Name: stashName(key)}, stash)
 	if apierrors.IsNotFound(err) {
+		if gone {
+			r.warnTenantStash(ctx, key, nil)
+		}
 		return false, ctrl.Result{}, nil
 	}
 	if err != nil {
 		return true, ctrl.Result{}, err
 	}
+	oldUID := stash.Annotations[stashOldUID]
+	if stash.Annotations[stashClaim] != key.String() || oldUID == "" {
+		// Not written by reset for this claim (edited by hand?): left to
+		// an admin.
+		log.FromContext(ctx).Error(nil, "Stash is not this claim's: ignored", "stash", stash.Namespace+"/"+stash.Name,
+			"claim", key.String(), "stashClaim", stash.Annotations[stashClaim], "oldUID", oldUID)
+		return false, ctrl.Result{}, nil
+	}
 	if !gone {
-		if string(pvc.UID) == stash.Annotations["podvol.io/old-uid"] {
-			// Still being deleted (finalizers): look again soon.
-			return true, ctrl.Result{RequeueAfter: 2 * time.Second}, nil
+		if string(pvc.UID) == oldUID {
+			if pvc.DeletionTimestamp != nil {
+				// Still being deleted (finalizers): look again soon.
+				return true, ctrl.Result{RequeueAfter: 2 * time.Second}, nil
+			}
+			// Stashed, but not deleted (a restart in between): the
+			// reset starts again, if the PVC is still unused.
+			return false, ctrl.Result{}, nil
 		}
 		// The new PVC exists: the stash has served, and the PVC goes on
 		// through its lifecycle.
-		if err := r.Client.Delete(ctx, stash); err != nil && !apierrors.IsNotFound(err) {
+		if err := r.Client.Delete(ctx, stash, client.Preconditions{UID: &stash.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return true, ctrl.Result{}, err
 		}
 		return false, ctrl.Result{}, nil
 	}
-	next := &corev1.PersistentVolumeClaim{}
-	if err := json.Unmarshal([]byte(stash.Data[stashKey]), next); err != nil {
+	stashed := &corev1.PersistentVolumeClaim{}
+	if err := json.Unmarshal([]byte(stash.Data[stashKey]), stashed); err != nil {
 		return true, ctrl.Result{}, fmt.Errorf("stash %s/%s is corrupt: %w", stash.Namespace, stash.Name, err)
 	}
-	if err := r.Client.Create(ctx, next); err != nil && !apierrors.IsAlreadyExists(err) {
-		return true, ctrl.Result{}, fmt.Errorf("create PVC %s/%s again: %w", next.Namespace, next.Name, err)
+	next := derive(key, stashed)
+	err = r.Client.Create(ctx, next)
+	switch {
+	case apierrors.IsNotFound(err) || apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		// The claim's namespace is gone or going: so is the reset.
+		log.FromContext(ctx).Info("Namespace of an ephemeral clone being reset is gone: reset dropped", "pvc", key.String())
+	case apierrors.IsAlreadyExists(err):
+		// Created meanwhile, by us or by someone else: the stash has
+		// served.
+	case err != nil:
+		return true, ctrl.Result{}, fmt.Errorf("create PVC %s again: %w", key, err)
+	default:
+		r.Recorder.Eventf(next, nil, corev1.EventTypeNormal, "ResetOnDetach", "Create", "created again as a fresh clone (reset %s)", next.Annotations[ResetCount])
+		r.warnTenantStash(ctx, key, next)
 	}
-	r.Recorder.Eventf(next, nil, corev1.EventTypeNormal, "ResetOnDetach", "Create", "created again as a fresh clone (reset %s)", next.Annotations[ResetCount])
-	return true, ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, stash))
+	return true, ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, stash, client.Preconditions{UID: &stash.UID}))
+}
+
+// warnTenantStash leaves a Warning event when the claim's namespace holds a
+// ConfigMap podvol-reset-<claim> that looks like a stash (an older
+// podvol-controller's, or a forgery): it is ignored and left alone. The
+// event goes on the PVC created again, or else on the pods that name the
+// claim, or else on the ConfigMap.
+func (r *Reconciler) warnTenantStash(ctx context.Context, key types.NamespacedName, created *corev1.PersistentVolumeClaim) {
+	cm := &corev1.ConfigMap{}
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: tenantStashName(key.Name)}, cm); err != nil {
+		if !apierrors.IsNotFound(err) {
+			log.FromContext(ctx).Error(err, "Read a ConfigMap that may pose as a reset stash", "configmap", key.Namespace+"/"+tenantStashName(key.Name))
+		}
+		return
+	}
+	if _, ok := cm.Data[stashKey]; !ok {
+		return
+	}
+	var regarding []client.Object
+	if created != nil {
+		regarding = append(regarding, created)
+	} else {
+		pods := &corev1.PodList{}
+		if err := r.Client.List(ctx, pods, client.InNamespace(key.Namespace), client.MatchingFields{claimIndex: key.Name}); err != nil {
+			log.FromContext(ctx).Error(err, "List the pods that name a claim", "pvc", key.String())
+		}
+		for i := range pods.Items {
+			regarding = append(regarding, &pods.Items[i])
+		}
+		if len(regarding) == 0 {
+			regarding = append(regarding, cm)
+		}
+	}
+	what := fmt.Sprintf("no PVC %s was created from it (if an older podvol-controller was resetting that PVC, create it again yourself)", key.Name)
+	if created != nil {
+		what = "this PVC was created again from podvol-controller's own stash, not from it"
+	}
+	for _, o := range regarding {
+		r.Recorder.Eventf(o, cm, corev1.EventTypeWarning, "ResetStashIgnored", "Reset",
+			"ConfigMap %s/%s looks like a reset stash, but podvol-controller keeps its stashes in its own namespace (%s), where tenants cannot write, "+
+				"and never acts on a ConfigMap in a claim's namespace: ignored and left alone; %s", cm.Namespace, cm.Name, r.stashNamespace(), what)
+	}
 }
 
 // granted checks a data source in another namespace against the
