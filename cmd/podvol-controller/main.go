@@ -8,13 +8,17 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/podvol/podvol/internal/controller/admissionparams"
 	"github.com/podvol/podvol/internal/controller/clonelifecycle"
 	"github.com/podvol/podvol/internal/controller/ephemeral"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
@@ -22,25 +26,63 @@ import (
 
 var version = "dev"
 
+// admissionParams is the ConfigMap that deploy/base's admission policies read
+// their parameters from.
+const admissionParams = "podvol-admission"
+
 func main() {
 	var (
 		metricsAddr = flag.String("metrics-address", "127.0.0.1:9809", "address of /metrics")
 		healthAddr  = flag.String("health-address", "127.0.0.1:9810", "address of /healthz and /readyz")
 		leaderElect = flag.Bool("leader-elect", true, "run one active instance (a Lease in --leader-election-namespace)")
 		leaseNS     = flag.String("leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader election Lease")
-		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss", "controllers to run")
-		driver      = flag.String("driver", "podvol.io", "CSI driver whose volumes node-loss releases")
+		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params", "controllers to run")
+		driver      = flag.String("driver", "podvol.io", "CSI driver whose volumes node-loss releases and whose StorageClasses the admission policies check")
+		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
+			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released; a renewal seen after the deletion means the node lives, and nothing is released")
+		removeFinalizers = flag.Bool("remove-finalizers", false,
+			"uninstall: remove node-loss's finalizer from every Node (releasing nothing) and exit; scale deployment podvol-controller to 0 first, or it adds them again")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()
 	ctrl.SetLogger(klog.NewKlogr())
-	if err := run(*metricsAddr, *healthAddr, *leaderElect, *leaseNS, *controllers, *driver); err != nil {
+	var err error
+	switch {
+	case *grace <= 0:
+		err = fmt.Errorf("--node-loss-grace-period must be positive, not %s", *grace)
+	case *removeFinalizers:
+		err = removeNodeFinalizers()
+	default:
+		err = run(*metricsAddr, *healthAddr, *leaderElect, *leaseNS, *controllers, *driver, *grace)
+	}
+	if err != nil {
 		klog.ErrorS(err, "podvol-controller failed")
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers, driver string) error {
+// removeNodeFinalizers is the --remove-finalizers run mode.
+func removeNodeFinalizers() error {
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubernetes API access (in-cluster config or --kubeconfig): %w", err)
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	ctx := log.IntoContext(ctrl.SetupSignalHandler(), ctrl.Log.WithName("remove-finalizers"))
+	// A node-loss still running adds the finalizer back at the Node's next
+	// event, which our own patch is: 10 s is plenty to see it.
+	n, err := nodeloss.RemoveFinalizers(ctx, c, 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("remove finalizer %s from the Nodes (removed from %d): %w", nodeloss.Finalizer, n, err)
+	}
+	klog.InfoS("Removed node-loss's finalizer from every Node", "finalizer", nodeloss.Finalizer, "nodes", n)
+	return nil
+}
+
+func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers, driver string, grace time.Duration) error {
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("kubernetes API access (in-cluster config or --kubeconfig): %w", err)
@@ -61,12 +103,17 @@ func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers,
 		case "ephemeral-volume":
 			err = (&ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec}).SetupWithManager(mgr)
 		case "clone-lifecycle":
-			err = (&clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec}).SetupWithManager(mgr)
+			err = (&clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec, StashNamespace: leaseNS}).SetupWithManager(mgr)
 		case "node-loss":
-			err = (&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver}).SetupWithManager(mgr)
+			err = (&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver, Grace: grace}).SetupWithManager(mgr)
+		case "admission-params":
+			if leaseNS == "" {
+				return fmt.Errorf("admission-params writes ConfigMap %s in podvol's namespace: set POD_NAMESPACE or --leader-election-namespace", admissionParams)
+			}
+			err = (&admissionparams.Reconciler{Client: mgr.GetClient(), Driver: driver, Namespace: leaseNS, Name: admissionParams}).SetupWithManager(mgr)
 		case "":
 		default:
-			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss)", name)
+			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params)", name)
 		}
 		if err != nil {
 			return fmt.Errorf("set up %s: %w", name, err)
@@ -78,6 +125,6 @@ func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers,
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	klog.InfoS("Starting podvol-controller", "version", version, "controllers", controllers)
+	klog.InfoS("Starting podvol-controller", "version", version, "controllers", controllers, "nodeLossGracePeriod", grace)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -53,7 +53,7 @@ func (p pki) ensure() error {
 	if err := p.write("ca", caDER, caKey); err != nil {
 		return err
 	}
-	if err := p.issue("apiserver", "kube-apiserver", nil, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}, []string{"127.0.0.1", "10.0.0.1"}); err != nil {
+	if err := p.issue("apiserver", "kube-apiserver", nil, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}, []string{"127.0.0.1", apiServiceIP}); err != nil {
 		return err
 	}
 	if err := p.issue("admin", "admin", []string{"system:masters"}, nil, nil); err != nil {

@@ -51,7 +51,7 @@ func (c *Cluster) startControlPlane() error {
 		"--tls-cert-file="+pk+"/apiserver.crt", "--tls-private-key-file="+pk+"/apiserver.key", "--client-ca-file="+pk+"/ca.crt",
 		"--service-account-key-file="+pk+"/sa.pub", "--service-account-signing-key-file="+pk+"/sa.key",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+		"--service-cluster-ip-range="+serviceCIDR, "--authorization-mode=Node,RBAC", "--allow-privileged=true",
 		"--kubelet-client-certificate="+pk+"/admin.crt", "--kubelet-client-key="+pk+"/admin.key",
 		// The node is "localhost": the API server reaches the kubelet by name.
 		"--kubelet-preferred-address-types=Hostname",
@@ -86,9 +86,9 @@ func (c *Cluster) containerdSock() string { return c.path("run", "containerd.soc
 
 func (c *Cluster) startContainerd(ctx context.Context) error {
 	cni := fmt.Sprintf(`{"cniVersion": "0.4.0", "name": "podvol-dev", "plugins": [
-  {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/24"}]], "dataDir": %q}},
-  {"type": "loopback"}]}`, bridge, c.path("cni", "ipam"))
+  {"type": "bridge", "bridge": %q, "isGateway": true, "isDefaultGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}},
+  {"type": "loopback"}]}`, bridge, podCIDR, c.path("cni", "ipam"))
 	if err := os.WriteFile(c.path("cni", "10-podvol-dev.conflist"), []byte(cni), 0o644); err != nil {
 		return err
 	}

@@ -48,8 +48,9 @@ func (c *Cluster) crds(ctx context.Context) error {
 }
 
 // overlay is the dev cluster's kustomization over deploy/base: images built
-// here, paths under the cluster's directory, and the API server on loopback
-// (there is no kube-proxy to serve the kubernetes Service).
+// here and host paths under the cluster's directory, nothing else, so that
+// what runs here is what a cluster admin applies (pods reach the API server
+// through the kubernetes Service: see serviceNet).
 func (c *Cluster) overlay() string {
 	kd := c.kubeletDir()
 	var ops []map[string]any
@@ -60,19 +61,7 @@ func (c *Cluster) overlay() string {
 	}
 	op("replace", "/spec/template/spec/containers/0/volumeMounts/2/mountPath", kd)
 	op("replace", "/spec/template/spec/containers/0/env/1/value", kd)
-	apiEnv := func(container int) {
-		op("add", fmt.Sprintf("/spec/template/spec/containers/%d/env/-", container), map[string]string{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"})
-		op("add", fmt.Sprintf("/spec/template/spec/containers/%d/env/-", container), map[string]string{"name": "KUBERNETES_SERVICE_PORT", "value": "6443"})
-	}
-	for i := 0; i < 4; i++ {
-		apiEnv(i)
-	}
 	nodePatch, _ := json.Marshal(ops)
-	ops = nil
-	op("add", "/spec/template/spec/hostNetwork", true)
-	apiEnv(0)
-	apiEnv(1)
-	ctlPatch, _ := json.Marshal(ops)
 	var images strings.Builder
 	images.WriteString("  - {name: podvol/podvol-plugin, newName: localhost/podvol-plugin, newTag: dev}\n")
 	images.WriteString("  - {name: podvol/podvol-controller, newName: localhost/podvol-controller, newTag: dev}\n")
@@ -88,9 +77,7 @@ images:
 %spatches:
   - target: {kind: DaemonSet, name: podvol-node}
     patch: '%s'
-  - target: {kind: Deployment, name: podvol-controller}
-    patch: '%s'
-`, c.baseRel(), images.String(), nodePatch, ctlPatch)
+`, c.baseRel(), images.String(), nodePatch)
 }
 
 // baseRel is deploy/base relative to the overlay: kustomize takes no

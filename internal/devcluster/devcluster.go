@@ -147,6 +147,9 @@ func (c *Cluster) Up(ctx context.Context) error {
 		return err
 	}
 	c.p.next("starting containerd and importing images")
+	if err := c.serviceNet(); err != nil {
+		return err
+	}
 	if err := c.startContainerd(ctx); err != nil {
 		return err
 	}
@@ -168,7 +171,7 @@ func (c *Cluster) checkHost() error {
 		return fmt.Errorf("the dev cluster runs a kubelet, containerd and loop devices: run it as root")
 	}
 	var missing []string
-	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "busybox", "mkfs.xfs", "ip"} {
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "busybox", "mkfs.xfs", "ip", "iptables"} {
 		if _, err := exec.LookPath(b); err != nil {
 			missing = append(missing, b)
 		}

@@ -62,7 +62,8 @@ func (c *Cluster) Down(ctx context.Context) error {
 	}
 	c.p.next("removing mounts and loop devices")
 	errs = append(errs, c.unmountAll())
-	c.p.next("removing the network bridge and namespaces")
+	c.p.next("removing the network bridge, its nat rules and namespaces")
+	errs = append(errs, c.removeServiceRules())
 	if _, err := exec.Command("ip", "link", "show", bridge).CombinedOutput(); err == nil {
 		if out, err := exec.Command("ip", "link", "del", bridge).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("delete bridge %s: %v: %s", bridge, err, out))

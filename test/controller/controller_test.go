@@ -431,12 +431,13 @@ func (e *env) boundOn(ns, name, class, onNode string) {
 }
 
 func TestNodeLossReleasesVolumes(t *testing.T) {
-	e := start(t)
+	// A short grace: the node has no Lease, as if its kubelet were gone
+	// (nodeloss_test.go tests the Lease rule).
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace = time.Second })
 	ns := e.ns("sts")
 	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
 	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol-keep"}, Provisioner: "podvol.io", Parameters: map[string]string{"releaseOnNodeLoss": "false"}}))
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
-	e.must(e.c.Create(bg, node))
+	node := e.node("n1", "podvol.io") // only nodes that run podvol are held
 	e.eventually("the node's finalizer", func() bool {
 		e.must(e.c.Get(bg, client.ObjectKey{Name: "n1"}, node))
 		return len(node.Finalizers) == 1 && node.Finalizers[0] == nodeloss.Finalizer
@@ -491,9 +492,21 @@ func TestNodeLossStaleCache(t *testing.T) {
 			return nil
 		},
 	})
-	r := &nodeloss.Reconciler{Client: empty, APIReader: e.c, Recorder: e.rec, Driver: "podvol.io"}
-	if _, err := r.Reconcile(bg, ctrl.Request{NamespacedName: client.ObjectKey{Name: "n1"}}); err != nil {
-		t.Fatal(err)
+	// No Lease: after the grace (short here) the node is lost; each
+	// reconcile reads the Lease again until then.
+	r := &nodeloss.Reconciler{Client: empty, APIReader: e.c, Recorder: e.rec, Driver: "podvol.io", Grace: time.Millisecond}
+	for i := 0; ; i++ {
+		res, err := r.Reconcile(bg, ctrl.Request{NamespacedName: client.ObjectKey{Name: "n1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.IsZero() {
+			break
+		}
+		if i == 20 {
+			t.Fatal("still waiting for the Lease")
+		}
+		time.Sleep(res.RequeueAfter)
 	}
 	if e.pvc(ns, "data-db-0") != nil || !apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Name: "pv-data-db-0"}, &corev1.PersistentVolume{})) {
 		t.Fatal("the lost node's PVC or PV was not released")

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -60,10 +58,12 @@ func TestPodvolEphemeralController(t *testing.T) {
 	n := ns(t)
 	pod(t, n, "p", "true", ephemeralVolume)
 	waitPod(t, n, "p")
-	resp, err := http.Get("http://127.0.0.1:9809/metrics")
+	// Through the API server's proxy to the pod's address, as Prometheus
+	// would scrape it.
+	name := get(t, "podvol-system", "pods", "{.items[?(@.metadata.labels.app\\.kubernetes\\.io/component==\"controller\")].metadata.name}")
+	out, err := cluster.RunKubectl(ctx(t), "get", "--raw", "/api/v1/namespaces/podvol-system/pods/"+name+":9809/proxy/metrics")
 	must(t, "scrape podvol-controller", err)
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	b := []byte(out)
 	if !strings.Contains(string(b), "podvol_ephemeral_volume_controller_create_total") || strings.Contains(string(b), "podvol_ephemeral_volume_controller_create_total 0\n") {
 		t.Fatalf("podvol-controller created no PVC:\n%s", grepLines(string(b), "podvol_ephemeral"))
 	}

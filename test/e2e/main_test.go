@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if code == 0 {
+		code = checkNoRestarts()
+	}
 	if !wasUp && os.Getenv("PODVOL_E2E_KEEP") == "" {
 		if err := cluster.Down(context.Background()); err != nil {
 			fmt.Fprintf(os.Stderr, "tearing down the dev cluster: %v\n", err)
@@ -166,4 +169,30 @@ func poolImages(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// checkNoRestarts fails the run if any container of podvol restarted: a
+// crash, or a probe that fails (as a liveness probe aimed at the wrong
+// address does on a real cluster), shows only as restarts.
+func checkNoRestarts() int {
+	out, err := cluster.Get(context.Background(), "podvol-system", "pods",
+		`{range .items[*]}{.metadata.name}{range .status.containerStatuses[*]}{" "}{.name}={.restartCount}{end}{"\n"}{end}`)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "listing podvol's pods: %v\n", err)
+		return 1
+	}
+	bad := false
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		for _, f := range strings.Fields(line)[1:] {
+			if !strings.HasSuffix(f, "=0") {
+				bad = true
+			}
+		}
+	}
+	if bad || strings.TrimSpace(out) == "" {
+		fmt.Fprintf(os.Stderr, "podvol's containers restarted during the run (container=restarts per pod):\n%s\n", out)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "podvol's containers: no restarts\n%s\n", out)
+	return 0
 }

@@ -4,10 +4,12 @@ package e2e
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/devcluster"
 )
 
@@ -18,7 +20,9 @@ import (
 // cluster: the kubelet restarted under a new name and the old Node deleted).
 // The Deployment recovers, because its volumes are per pod; the StatefulSet
 // recovers, because podvol-controller releases the claim that pinned it to
-// the lost node.
+// the lost node: once the old kubelet (killed) has not renewed its Lease for
+// node-loss's grace period (5 minutes as deploy/base ships it), and not
+// before. This test therefore takes over 5 minutes.
 func TestNodeReplaced(t *testing.T) {
 	n := ns(t)
 	old := cluster.NodeName
@@ -59,7 +63,20 @@ spec:
 	if old == next {
 		next = "127.0.0.2"
 	}
+	grace := nodeLossGrace(t)
+	replaced := time.Now()
+	// ReplaceNode returns once the old Node is gone, which node-loss lets
+	// happen only after the grace (it waits up to 8 minutes for that).
 	must(t, "replace the node", cluster.ReplaceNode(ctx(t), next))
+	if took := time.Since(replaced); took < grace {
+		t.Fatalf("the old node was released %s after it was killed, before node-loss's grace period of %s", took.Round(time.Second), grace)
+	}
+	// Events on a Node outlive it: the controller said it waited for the
+	// Lease.
+	if ev, _ := cluster.RunKubectl(ctx(t), "-n", "default", "get", "events", "--field-selector", "involvedObject.name="+old,
+		"-o", "jsonpath={.items[*].reason}"); !strings.Contains(ev, "WaitingForNodeLease") {
+		t.Fatalf("no WaitingForNodeLease event on Node %s: %s", old, ev)
+	}
 
 	eventually(t, 6*time.Minute, func() string {
 		ready, err := cluster.Get(ctx(t), n, "deployment/web", "{.status.readyReplicas}")
@@ -100,4 +117,16 @@ spec:
 	if ev, _ := cluster.RunKubectl(ctx(t), "-n", n, "get", "events", "-o", "jsonpath={.items[*].reason}"); !strings.Contains(ev, "NodeLost") {
 		t.Fatalf("no NodeLost event: %s", ev)
 	}
+}
+
+// nodeLossGrace is the --node-loss-grace-period podvol-controller runs with.
+func nodeLossGrace(t *testing.T) time.Duration {
+	args := get(t, "podvol-system", "deployment/podvol-controller", `{.spec.template.spec.containers[?(@.name=="podvol-controller")].args}`)
+	m := regexp.MustCompile(`--node-loss-grace-period=([0-9a-zµ.]+)`).FindStringSubmatch(args)
+	if m == nil {
+		return nodeloss.DefaultGrace
+	}
+	d, err := time.ParseDuration(m[1])
+	must(t, "podvol-controller's --node-loss-grace-period", err)
+	return d
 }

@@ -1,0 +1,350 @@
+package controller
+
+// node-loss (issue 11, item 2): a deleted Node's volumes are released only
+// when the node is really gone, i.e. its kubelet has stopped renewing its
+// Lease in kube-node-lease; the finalizer is kept only on Nodes that run
+// podvol.
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/podvol/podvol/internal/controller/nodeloss"
+	"github.com/podvol/podvol/test/kubetest"
+)
+
+// startNodeLoss runs an API server and node-loss alone, configured by
+// configure; stop stops the controller (the API server runs on).
+func startNodeLoss(t *testing.T, configure func(*nodeloss.Reconciler)) (e *env, stop func()) {
+	// As start: the protection finalizers are removed by
+	// kube-controller-manager, which does not run here.
+	api := kubetest.StartWith(t, kubetest.Options{Flags: map[string]string{"disable-admission-plugins": "StorageObjectInUseProtection"}})
+	mgr, err := ctrl.NewManager(api.Config, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := mgr.GetEventRecorder("podvol-controller")
+	r := &nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"}
+	if configure != nil {
+		configure(r)
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := mgr.Start(ctx); err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
+	stop = sync.OnceFunc(func() { cancel(); <-done })
+	t.Cleanup(stop)
+	c, err := client.NewWithWatch(api.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, c: c, rec: rec}, stop
+}
+
+// node creates a Node and, if drivers are given, its CSINode listing them,
+// as the kubelet does once the drivers' node plugins have registered.
+func (e *env) node(name string, drivers ...string) *corev1.Node {
+	e.t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	e.must(e.c.Create(bg, n))
+	if len(drivers) > 0 {
+		cn := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		for _, d := range drivers {
+			cn.Spec.Drivers = append(cn.Spec.Drivers, storagev1.CSINodeDriver{Name: d, NodeID: name})
+		}
+		e.must(e.c.Create(bg, cn))
+	}
+	return n
+}
+
+// finalizers returns the Node's finalizers, or nil and false once it is gone.
+func (e *env) finalizers(name string) ([]string, bool) {
+	e.t.Helper()
+	n := &corev1.Node{}
+	if err := e.c.Get(bg, client.ObjectKey{Name: name}, n); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, false
+		}
+		e.t.Fatal(err)
+	}
+	return n.Finalizers, true
+}
+
+func (e *env) held(name string) bool {
+	e.t.Helper()
+	f, _ := e.finalizers(name)
+	for _, x := range f {
+		if x == nodeloss.Finalizer {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *env) gone(name string) bool {
+	_, ok := e.finalizers(name)
+	return !ok
+}
+
+// lease creates the node's Lease in kube-node-lease as the kubelet does
+// (owned by the Node, 40 s duration) with the given renewTime.
+func (e *env) lease(node *corev1.Node, renewed time.Time) {
+	e.t.Helper()
+	// kube-apiserver creates kube-node-lease shortly after it starts.
+	if err := e.c.Create(bg, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: corev1.NamespaceNodeLease}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		e.t.Fatal(err)
+	}
+	e.must(e.c.Create(bg, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceNodeLease, Name: node.Name,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node.Name), LeaseDurationSeconds: ptr.To[int32](40),
+			RenewTime: &metav1.MicroTime{Time: renewed}},
+	}))
+}
+
+// renew renews the node's Lease every interval, as a live kubelet does
+// (every 10 s by default), until the test ends.
+func (e *env) renew(node string, interval time.Duration) {
+	ctx, cancel := context.WithCancel(bg)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			l := &coordinationv1.Lease{}
+			if err := e.c.Get(ctx, client.ObjectKey{Namespace: corev1.NamespaceNodeLease, Name: node}, l); err == nil {
+				l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+				_ = e.c.Update(ctx, l) // a conflict is retried at the next tick
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(interval):
+			}
+		}
+	}()
+	e.t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+func (e *env) pvExists(name string) bool {
+	e.t.Helper()
+	err := e.c.Get(bg, client.ObjectKey{Name: name}, &corev1.PersistentVolume{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		e.t.Fatal(err)
+	}
+	return err == nil
+}
+
+// A `kubectl delete node` of a healthy node (its kubelet keeps renewing its
+// Lease) is not a lost node: nothing is released, the Node goes, and events
+// on the Node and on the claim say why.
+func TestNodeLossDeletedButAlive(t *testing.T) {
+	e := start(t, "node-loss")
+	ns := e.ns("alive")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+	e.lease(n, time.Now())
+	e.renew("n1", 300*time.Millisecond)
+	e.boundOn(ns, "data-db-0", "podvol", "n1")
+
+	e.must(e.c.Delete(bg, n))
+	e.eventually("the deleted Node gone", func() bool {
+		if e.pvc(ns, "data-db-0") == nil || !e.pvExists("pv-data-db-0") {
+			t.Fatal("a live node's PVC or PV was released")
+		}
+		return e.gone("n1")
+	})
+	p := e.pvc(ns, "data-db-0")
+	if p == nil || p.DeletionTimestamp != nil || !e.pvExists("pv-data-db-0") {
+		t.Fatalf("a live node's volume was released: PVC %+v", p)
+	}
+	e.eventually("events on the Node and on the claim saying why", func() bool {
+		return strings.Contains(e.events(metav1.NamespaceDefault, "n1"), "NodeNotLost") &&
+			strings.Contains(e.events(ns, "data-db-0"), "NodeNotLost")
+	})
+	t.Logf("Node events:\n%s\nclaim events:\n%s", e.events(metav1.NamespaceDefault, "n1"), e.events(ns, "data-db-0"))
+	if ev := e.events(ns, "data-db-0"); strings.Contains(ev, "NodeLost:") {
+		t.Fatalf("the claim was told its node was lost: %s", ev)
+	}
+}
+
+// Only Nodes whose CSINode lists podvol get the finalizer, and lose it when
+// podvol goes away from them.
+func TestNodeLossFinalizerOnlyOnPodvolNodes(t *testing.T) {
+	e := start(t, "node-loss")
+	e.node("plain")
+	e.node("other", "other.csi.example.com")
+	e.node("pv", "other.csi.example.com", "podvol.io")
+	e.eventually("the podvol node's finalizer", func() bool { return e.held("pv") })
+	e.never("a finalizer on a node without podvol", func() bool { return e.held("plain") || e.held("other") })
+
+	// A node without podvol is not held when deleted.
+	e.must(e.c.Delete(bg, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other"}}))
+	if !e.gone("other") {
+		t.Fatal("a node without podvol was held when deleted")
+	}
+
+	// podvol's node plugin registers on "plain": the finalizer comes, and
+	// one already there stays.
+	plain := &corev1.Node{}
+	e.must(e.c.Get(bg, client.ObjectKey{Name: "plain"}, plain))
+	plain.Finalizers = append(plain.Finalizers, "example.com/keep")
+	e.must(e.c.Update(bg, plain))
+	e.must(e.c.Create(bg, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "plain"},
+		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: "podvol.io", NodeID: "plain"}}}}))
+	e.eventually("the finalizer once podvol runs on the node", func() bool { return e.held("plain") })
+
+	// podvol is removed from "pv" (the kubelet drops the driver from its
+	// CSINode): the finalizer goes, another one stays.
+	n := &corev1.Node{}
+	e.must(e.c.Get(bg, client.ObjectKey{Name: "pv"}, n))
+	n.Finalizers = append(n.Finalizers, "example.com/keep")
+	e.must(e.c.Update(bg, n))
+	cn := &storagev1.CSINode{}
+	e.must(e.c.Get(bg, client.ObjectKey{Name: "pv"}, cn))
+	cn.Spec.Drivers = cn.Spec.Drivers[:1]
+	e.must(e.c.Update(bg, cn))
+	e.eventually("the finalizer removed with podvol", func() bool { return !e.held("pv") })
+	if f, _ := e.finalizers("pv"); len(f) != 1 || f[0] != "example.com/keep" {
+		t.Fatalf("finalizers of the node podvol left: %v", f)
+	}
+	// And a CSINode deleted altogether.
+	e.must(e.c.Delete(bg, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "plain"}}))
+	e.eventually("the finalizer removed with the CSINode", func() bool { return !e.held("plain") })
+	if f, _ := e.finalizers("plain"); len(f) != 1 || f[0] != "example.com/keep" {
+		t.Fatalf("finalizers of the node podvol left: %v", f)
+	}
+}
+
+// A Node deleted whose kubelet has stopped renewing its Lease: once the
+// Lease has gone unrenewed for the grace period, and not before, its
+// volumes are released as before.
+func TestNodeLossStaleLease(t *testing.T) {
+	const grace = 3 * time.Second
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace = grace })
+	ns := e.ns("stale-lease")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+	// Last renewed a minute ago: the kubelet died then.
+	e.lease(n, time.Now().Add(-time.Minute))
+	e.boundOn(ns, "data-db-0", "podvol", "n1")
+	e.boundOn(ns, "data-db-1", "podvol", "n2")
+
+	deleted := time.Now()
+	e.must(e.c.Delete(bg, n))
+	for time.Since(deleted) < grace/2 {
+		if e.pvc(ns, "data-db-0") == nil || !e.pvExists("pv-data-db-0") || e.gone("n1") {
+			t.Fatalf("released %s after the deletion, before the %s grace", time.Since(deleted), grace)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.eventually("the lost node's PVC and PV released", func() bool {
+		return e.pvc(ns, "data-db-0") == nil && !e.pvExists("pv-data-db-0")
+	})
+	if took := time.Since(deleted); took < grace {
+		t.Fatalf("released %s after the deletion, before the %s grace", took, grace)
+	}
+	e.eventually("the node gone", func() bool { return e.gone("n1") })
+	if e.pvc(ns, "data-db-1") == nil || !e.pvExists("pv-data-db-1") {
+		t.Fatal("another node's volume was released")
+	}
+	e.eventually("the events", func() bool {
+		return strings.Contains(e.events(ns, "data-db-0"), "NodeLost: node n1 was deleted and its kubelet has not renewed its Lease") &&
+			strings.Contains(e.events(metav1.NamespaceDefault, "n1"), nodeloss.ReasonWaiting)
+	})
+}
+
+// A live kubelet whose Lease was deleted (a foreground deletion of the Node
+// deletes it) creates it again: a Lease that appears is a renewal.
+func TestNodeLossLeaseCreatedAgain(t *testing.T) {
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace = 5 * time.Second })
+	ns := e.ns("lease-again")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+	e.boundOn(ns, "data-db-0", "podvol", "n1")
+	e.must(e.c.Delete(bg, n))
+	e.eventually("the controller watching the Lease", func() bool {
+		return strings.Contains(e.events(metav1.NamespaceDefault, "n1"), nodeloss.ReasonWaiting)
+	})
+	e.lease(n, time.Now())
+	e.eventually("the deleted Node gone", func() bool { return e.gone("n1") })
+	if e.pvc(ns, "data-db-0") == nil || !e.pvExists("pv-data-db-0") {
+		t.Fatal("a live node's volume was released")
+	}
+}
+
+// Uninstall: --remove-finalizers removes the finalizer from every Node,
+// deleted ones included (which then go without a release), and no other
+// finalizer; it fails, naming them, while node-loss still runs and adds them
+// back.
+func TestNodeLossRemoveFinalizers(t *testing.T) {
+	e, stop := startNodeLoss(t, nil)
+	ns := e.ns("uninstall")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	for _, name := range []string{"a", "b", "c"} {
+		e.node(name, "podvol.io")
+		e.eventually("the finalizer of "+name, func() bool { return e.held(name) })
+	}
+	b := &corev1.Node{}
+	e.must(e.c.Get(bg, client.ObjectKey{Name: "b"}, b))
+	b.Finalizers = append(b.Finalizers, "example.com/keep")
+	e.must(e.c.Update(bg, b))
+	// "c" is being deleted, waiting for the grace.
+	e.boundOn(ns, "data-db-0", "podvol", "c")
+	e.must(e.c.Delete(bg, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "c"}}))
+
+	_, err := nodeloss.RemoveFinalizers(bg, e.c, 2*time.Second)
+	if !errors.Is(err, nodeloss.ErrStillAdded) || !strings.Contains(err.Error(), "[a b]") {
+		t.Fatalf("with node-loss running: %v", err)
+	}
+	t.Logf("with node-loss running: %v", err)
+
+	stop()
+	n, err := nodeloss.RemoveFinalizers(bg, e.c, time.Second)
+	if err != nil || n != 2 {
+		t.Fatalf("removed from %d nodes: %v", n, err)
+	}
+	for _, name := range []string{"a", "b"} {
+		if e.held(name) {
+			t.Fatalf("node %s still has the finalizer", name)
+		}
+	}
+	if f, _ := e.finalizers("b"); len(f) != 1 || f[0] != "example.com/keep" {
+		t.Fatalf("finalizers of b: %v", f)
+	}
+	if !e.gone("c") {
+		t.Fatal("the deleted node is still there")
+	}
+	if e.pvc(ns, "data-db-0") == nil || !e.pvExists("pv-data-db-0") {
+		t.Fatal("the uninstall released a volume")
+	}
+	if n, err := nodeloss.RemoveFinalizers(bg, e.c, 0); err != nil || n != 0 {
+		t.Fatalf("again: removed from %d nodes: %v", n, err)
+	}
+}

@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podvol/podvol/internal/devcluster"
+)
+
+// asUser creates manifest with a server-side dry run as user.
+func asUser(t *testing.T, user, manifest string) (string, error) {
+	t.Helper()
+	f := t.TempDir() + "/obj.yaml"
+	must(t, "write", writeString(f, manifest))
+	return cluster.RunKubectl(ctx(t), "--as", user, "create", "--dry-run=server", "-f", f)
+}
+
+// TestAdmissionPolicyGaps: the ways around the PVC-rights policy are closed
+// for a user without PVC rights (a ReplicationController, a template that
+// names no class while podvol's is the default, a podvol StorageClass the
+// policy was not shipped with), and stay open for a user with them; a CSI
+// inline podvol volume is capped in size for everyone, by a cap an admin can
+// raise per namespace.
+func TestAdmissionPolicyGaps(t *testing.T) {
+	n := ns(t)
+	apply(t, `apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pods-only, namespace: %[1]s}
+rules:
+- {apiGroups: [""], resources: [pods, replicationcontrollers], verbs: [create, get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pods-and-pvcs, namespace: %[1]s}
+rules:
+- {apiGroups: [""], resources: [pods, replicationcontrollers, persistentvolumeclaims], verbs: [create, get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: carol, namespace: %[1]s}
+subjects: [{kind: User, name: carol, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: Role, name: pods-only, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: dave, namespace: %[1]s}
+subjects: [{kind: User, name: dave, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: Role, name: pods-and-pvcs, apiGroup: rbac.authorization.k8s.io}
+`, n)
+	podWith := func(name, volume string) string {
+		return "apiVersion: v1\nkind: Pod\nmetadata: {name: " + name + ", namespace: " + n + "}\nspec:\n" + podSpecYAML(volume)
+	}
+	ephemeralOf := func(class string) string {
+		c := ""
+		if class != "" {
+			c = "\n      storageClassName: " + class
+		}
+		return "ephemeral:\n  volumeClaimTemplate:\n    spec:\n      accessModes: [ReadWriteOnce]" + c + "\n      resources: {requests: {storage: 64Mi}}"
+	}
+	admitted := func(what, user, manifest string) {
+		t.Helper()
+		eventually(t, time.Minute, func() string {
+			if out, err := asUser(t, user, manifest); err != nil {
+				return fmt.Sprintf("%s: %s was refused: %v\n%s", what, user, err, out)
+			}
+			return ""
+		})
+	}
+	refused := func(what, user, manifest, why string) {
+		t.Helper()
+		eventually(t, 2*time.Minute, func() string {
+			if out, err := asUser(t, user, manifest); err == nil || !strings.Contains(out, why) {
+				return fmt.Sprintf("%s: %s was not refused with %q: %v\n%s", what, user, why, err, out)
+			}
+			return ""
+		})
+	}
+	const noRights = "may not create PersistentVolumeClaims"
+
+	// A ReplicationController's pods are created by a kube-system service
+	// account, which the policy exempts: the RC itself is checked.
+	rc := "apiVersion: v1\nkind: ReplicationController\nmetadata: {name: rc, namespace: " + n + "}\nspec:\n  replicas: 1\n  selector: {app: rc}\n  template:\n    metadata: {labels: {app: rc}}\n    spec:\n" +
+		devcluster.PodSpec(6, "true", "vol", "/vol", ephemeralOf("podvol"))
+	admitted("ReplicationController", "dave", rc)
+	refused("ReplicationController", "carol", rc, noRights)
+
+	// A podvol StorageClass added after install is podvol's by its
+	// provisioner.
+	apply(t, "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: %s-extra}\nprovisioner: podvol.io\nvolumeBindingMode: WaitForFirstConsumer\n", n)
+	t.Cleanup(func() { _, _ = cluster.RunKubectl(ctx(t), "delete", "storageclass", n+"-extra", "--ignore-not-found") })
+	admitted("new podvol class", "dave", podWith("extra", ephemeralOf(n+"-extra")))
+	refused("new podvol class", "carol", podWith("extra", ephemeralOf(n+"-extra")), noRights)
+
+	// No class named, and podvol's is the cluster default.
+	_, err := cluster.RunKubectl(ctx(t), "annotate", "storageclass", "podvol", "storageclass.kubernetes.io/is-default-class=true", "--overwrite")
+	must(t, "make podvol the default class", err)
+	t.Cleanup(func() {
+		_, _ = cluster.RunKubectl(ctx(t), "annotate", "storageclass", "podvol", "storageclass.kubernetes.io/is-default-class-")
+	})
+	admitted("default class", "dave", podWith("default", ephemeralOf("")))
+	refused("default class", "carol", podWith("default", ephemeralOf("")), "(the default class)")
+
+	// Inline volumes: capped for everyone, raised per namespace.
+	inline := func(size string) string {
+		return podWith("inline", "csi:\n  driver: podvol.io\n  volumeAttributes: {size: "+size+"}")
+	}
+	admitted("inline 1Gi", "dave", inline("1Gi"))
+	refused("inline 20Gi", "dave", inline("20Gi"), "asks for more than 10Gi")
+	_, err = cluster.RunKubectl(ctx(t), "annotate", "namespace", n, "podvol.io/inline-max-size=50Gi")
+	must(t, "raise the namespace's inline cap", err)
+	admitted("inline 20Gi under a raised cap", "carol", inline("20Gi"))
+}
