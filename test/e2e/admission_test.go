@@ -9,6 +9,37 @@ import (
 	"github.com/podvol/podvol/internal/devcluster"
 )
 
+// users gives noRights the right to create pods (and the extra resources) in
+// namespace n, and withRights the same plus PersistentVolumeClaims.
+func users(t *testing.T, n, noRights, withRights string, extra ...string) {
+	t.Helper()
+	res := strings.Join(append([]string{"pods"}, extra...), ", ")
+	apply(t, `apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pods-only, namespace: %[1]s}
+rules:
+- {apiGroups: [""], resources: [%[2]s], verbs: [create, get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pods-and-pvcs, namespace: %[1]s}
+rules:
+- {apiGroups: [""], resources: [%[2]s, persistentvolumeclaims], verbs: [create, get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: %[3]s, namespace: %[1]s}
+subjects: [{kind: User, name: %[3]s, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: Role, name: pods-only, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: %[4]s, namespace: %[1]s}
+subjects: [{kind: User, name: %[4]s, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: Role, name: pods-and-pvcs, apiGroup: rbac.authorization.k8s.io}
+`, n, res, noRights, withRights)
+}
+
 // asUser creates manifest with a server-side dry run as user.
 func asUser(t *testing.T, user, manifest string) (string, error) {
 	t.Helper()
@@ -25,30 +56,7 @@ func asUser(t *testing.T, user, manifest string) (string, error) {
 // raise per namespace.
 func TestAdmissionPolicyGaps(t *testing.T) {
 	n := ns(t)
-	apply(t, `apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: pods-only, namespace: %[1]s}
-rules:
-- {apiGroups: [""], resources: [pods, replicationcontrollers], verbs: [create, get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: pods-and-pvcs, namespace: %[1]s}
-rules:
-- {apiGroups: [""], resources: [pods, replicationcontrollers, persistentvolumeclaims], verbs: [create, get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: carol, namespace: %[1]s}
-subjects: [{kind: User, name: carol, apiGroup: rbac.authorization.k8s.io}]
-roleRef: {kind: Role, name: pods-only, apiGroup: rbac.authorization.k8s.io}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: dave, namespace: %[1]s}
-subjects: [{kind: User, name: dave, apiGroup: rbac.authorization.k8s.io}]
-roleRef: {kind: Role, name: pods-and-pvcs, apiGroup: rbac.authorization.k8s.io}
-`, n)
+	users(t, n, "carol", "dave", "replicationcontrollers")
 	podWith := func(name, volume string) string {
 		return "apiVersion: v1\nkind: Pod\nmetadata: {name: " + name + ", namespace: " + n + "}\nspec:\n" + podSpecYAML(volume)
 	}

@@ -86,30 +86,7 @@ func grepLines(s, sub string) string {
 // podvol PVC through a pod's ephemeral volume; one who may create PVCs can.
 func TestAdmissionPolicy(t *testing.T) {
 	n := ns(t)
-	apply(t, `apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: pods-only, namespace: %[1]s}
-rules:
-- {apiGroups: [""], resources: [pods], verbs: [create, get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: pods-and-pvcs, namespace: %[1]s}
-rules:
-- {apiGroups: [""], resources: [pods, persistentvolumeclaims], verbs: [create, get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: alice, namespace: %[1]s}
-subjects: [{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}]
-roleRef: {kind: Role, name: pods-only, apiGroup: rbac.authorization.k8s.io}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: bob, namespace: %[1]s}
-subjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]
-roleRef: {kind: Role, name: pods-and-pvcs, apiGroup: rbac.authorization.k8s.io}
-`, n)
+	users(t, n, "alice", "bob")
 	manifest := "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: " + n + "}\nspec:\n" + podSpecYAML(ephemeralVolume)
 	try := func(user string) (string, error) {
 		f := t.TempDir() + "/pod.yaml"
