@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/csi"
+	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/metrics"
@@ -109,12 +110,15 @@ func run(c config) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	p, err := pool.Open(pool.Config{Dir: c.poolDir, Capacity: capBytes, UnknownImages: c.unknownImages})
+	// The loop devices, mounts and disk tools of this machine (unit tests
+	// put internal/device/devicetest in its place).
+	host := device.Host{}
+	p, err := pool.Open(pool.Config{Dir: c.poolDir, Capacity: capBytes, UnknownImages: c.unknownImages, Device: host})
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	n := node.New(p, &directvolume.Shim{Root: c.kataDir, SandboxDirs: c.sandboxDirs})
+	n := node.New(p, &directvolume.Shim{Root: c.kataDir, SandboxDirs: c.sandboxDirs}, host)
 	decider, err := decider(c.kubeconfig)
 	if err != nil {
 		return err
@@ -130,7 +134,7 @@ func run(c config) error {
 	total, allocated, _ := p.Capacity()
 	klog.InfoS("Pool ready", "dir", p.Dir(), "capacityBytes", total, "allocatedBytes", allocated)
 
-	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir}
+	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir, Device: host}
 	d := csi.New(csi.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pool: p, Node: n, Inline: inl, InlineDefaultSize: inlineBytes, Decider: decider})
 	inl.Lock = d.Lock
 	// The first collection runs before serving: a volume leaked while the

@@ -1,7 +1,9 @@
 // Package device acts on the machine: loop devices, filesystems and mounts.
 // It is the only podvol package that issues syscalls with side effects or runs
 // external commands, so that everything above it can be reasoned about as
-// bookkeeping.
+// bookkeeping. The packages above take it as an Interface (Host is this
+// machine), so that their tests can run against the in-memory fake in
+// internal/device/devicetest, without root.
 package device
 
 import (

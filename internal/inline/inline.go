@@ -35,6 +35,16 @@ type Manager struct {
 	KubeletDir string
 	// Lock serialises work on one volume handle with the CSI calls about it.
 	Lock func(handle string) (unlock func())
+	// Device is the mount table the targets are checked in; nil is the
+	// real one (device.Host).
+	Device device.Mounts
+}
+
+func (m *Manager) mounts() device.Mounts {
+	if m.Device == nil {
+		return device.Host{}
+	}
+	return m.Device
 }
 
 // PublishRequest is a validated inline NodePublishVolume.
@@ -71,7 +81,7 @@ func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 	}
 	err = m.Node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: r.TargetPath, FsType: r.FsType, MountFlags: r.MountFlags})
 	if err == nil && !r.ReadOnly {
-		err = node.ApplyFsGroup(r.TargetPath, r.FsGroup, "")
+		err = m.Node.ApplyFsGroup(r.TargetPath, r.FsGroup, "")
 		if err != nil {
 			err = fmt.Errorf("inline volume of pod %s/%s: %w", pod.PodNamespace, pod.PodName, err)
 			if uerr := m.Node.Unstage(ctx, v.ID, r.TargetPath); uerr != nil {
@@ -94,7 +104,7 @@ func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 func (m *Manager) Unpublish(ctx context.Context, handle, target string) error {
 	v, err := m.Pool.Store().VolumeByName(NamePrefix + handle)
 	if errors.Is(err, store.ErrNotFound) {
-		return removeUnmounted(target)
+		return m.removeUnmounted(target)
 	}
 	if err != nil {
 		return err
@@ -110,17 +120,17 @@ func (m *Manager) remove(ctx context.Context, v *store.Volume) error {
 		if err := m.Node.Unstage(ctx, v.ID, v.Stage.Path); err != nil {
 			return err
 		}
-		if err := removeUnmounted(v.Stage.Path); err != nil {
+		if err := m.removeUnmounted(v.Stage.Path); err != nil {
 			return err
 		}
 	}
 	return m.Pool.DeleteVolume(ctx, v.ID)
 }
 
-func removeUnmounted(path string) error {
-	if m, err := device.MountedAt(path); err != nil || m != nil {
+func (m *Manager) removeUnmounted(path string) error {
+	if mnt, err := m.mounts().MountedAt(path); err != nil || mnt != nil {
 		if err == nil {
-			err = fmt.Errorf("%s still has %s mounted: %w", path, m.Source, pool.ErrInUse)
+			err = fmt.Errorf("%s still has %s mounted: %w", path, mnt.Source, pool.ErrInUse)
 		}
 		return err
 	}
@@ -165,10 +175,10 @@ func (m *Manager) collect(ctx context.Context, id, handle string) error {
 	}
 	klog.InfoS("Collecting inline volume", "volume", v.ID, "pod", v.Inline.PodNamespace+"/"+v.Inline.PodName, "podUID", v.Inline.PodUID, "reason", why)
 	if v.Stage != nil && v.Stage.State == store.Staged {
-		if mnt, _ := device.MountedAt(v.Stage.Path); mnt != nil {
+		if mnt, _ := m.mounts().MountedAt(v.Stage.Path); mnt != nil {
 			// The pod directory is gone but our mount is still there
 			// (a kubelet that removed the directory without us).
-			if err := device.Unmount(v.Stage.Path); err != nil {
+			if err := m.mounts().Unmount(v.Stage.Path); err != nil {
 				return err
 			}
 		}
@@ -193,7 +203,7 @@ func (m *Manager) unused(v *store.Volume) string {
 			return "the pod's directory " + podDir + " is gone"
 		}
 	}
-	if mnt, err := device.MountedAt(s.Path); err == nil && mnt == nil {
+	if mnt, err := m.mounts().MountedAt(s.Path); err == nil && mnt == nil {
 		return "the target " + s.Path + " is not mounted any more"
 	}
 	return ""

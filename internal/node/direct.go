@@ -9,7 +9,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/pool"
@@ -75,7 +74,7 @@ func (n *Node) publishDirect(ctx context.Context, v *store.Volume, r PublishRequ
 func (n *Node) assign(v *store.Volume, r PublishRequest) error {
 	s := v.Stage
 	if !s.Block {
-		if err := device.Unmount(s.Path); err != nil {
+		if err := n.dev.Unmount(s.Path); err != nil {
 			return fmt.Errorf("unmount the host staging mount before assigning volume %s to a guest: %w", v.ID, err)
 		}
 	}
@@ -119,7 +118,7 @@ func (n *Node) undoDirect(ctx context.Context, id, target string) error {
 	// kubelet's retry mounts again, instead of a later publish finding an
 	// empty staging directory.
 	if s := v.Stage; s != nil && s.State == store.Staged && !s.Block {
-		if device.MountedFrom(s.Path, s.Device) != nil {
+		if n.dev.MountedFrom(s.Path, s.Device) != nil {
 			klog.InfoS("Mounting the staging path again after a direct assignment", "volume", id, "stagingPath", s.Path)
 			if err := n.mountStaging(context.WithoutCancel(ctx), v, s.Device, s.Path, s.MountFlags); err != nil {
 				return fmt.Errorf("volume %s left its microVM, but mounting it again at %s failed: %w", id, s.Path, err)

@@ -6,7 +6,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
@@ -32,7 +31,7 @@ func (n *Node) Expand(ctx context.Context, id, path string, size int64) (int64, 
 	if s == nil || s.State != store.Staged {
 		return v.SizeBytes, nil
 	}
-	if err := device.LoopSetCapacity(s.Device); err != nil {
+	if err := n.dev.LoopSetCapacity(s.Device); err != nil {
 		return 0, err
 	}
 	if t, direct := directPublication(v); direct {
@@ -59,18 +58,18 @@ func (n *Node) growMounted(ctx context.Context, v *store.Volume) error {
 	s := v.Stage
 	if v.FsType == "ext4" && len(n.livePublications(v)) == 0 {
 		klog.InfoS("Growing ext4 offline", "volume", v.ID, "device", s.Device)
-		if err := device.Unmount(s.Path); err != nil {
+		if err := n.dev.Unmount(s.Path); err != nil {
 			return err
 		}
 		failpoint.Hit("grow-offline-after-unmount")
-		if err := device.GrowOffline(ctx, s.Device); err != nil {
+		if err := n.dev.GrowOffline(ctx, s.Device); err != nil {
 			// Leave the volume as staged as it was.
-			_ = device.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags)
+			_ = n.dev.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags)
 			return fmt.Errorf("grow filesystem of volume %s: %w", v.ID, err)
 		}
-		return device.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags)
+		return n.dev.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags)
 	}
-	if err := device.GrowOnline(ctx, v.FsType, s.Device, s.Path); err != nil {
+	if err := n.dev.GrowOnline(ctx, v.FsType, s.Device, s.Path); err != nil {
 		return fmt.Errorf("grow the mounted %s filesystem of volume %s: %w; the image is grown, and the filesystem will be grown when the volume is next staged (restart the pod): %w", v.FsType, v.ID, err, pool.ErrInUse)
 	}
 	return nil
@@ -89,23 +88,23 @@ func (n *Node) Quiesce(id string) (func(), error) {
 		return func() {}, nil
 	}
 	s := v.Stage
-	if device.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
+	if n.dev.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
 		// Not attached (a reboot took it): nothing writes to the image.
 		return func() {}, nil
 	}
 	if _, direct := directPublication(v); s.Block || direct {
-		return func() {}, device.SyncDevice(s.Device)
+		return func() {}, n.dev.SyncDevice(s.Device)
 	}
-	f, err := device.OpenFilesystemOn(s.Path, s.Device)
+	f, err := n.dev.OpenFilesystemOn(s.Path, s.Device)
 	if err != nil {
 		return nil, fmt.Errorf("volume %s is not mounted at its staging path, so it cannot be frozen for a consistent copy (stage it again): %w: %w", id, err, pool.ErrInUse)
 	}
-	if err := device.Freeze(f); err != nil {
+	if err := f.Freeze(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("freeze volume %s for a consistent copy: %w", id, err)
 	}
 	return func() {
-		if err := device.Thaw(f); err != nil {
+		if err := f.Thaw(); err != nil {
 			klog.ErrorS(err, "Thawing volume after copy", "volume", id)
 		}
 		f.Close()

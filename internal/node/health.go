@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
@@ -57,7 +56,7 @@ func (n *Node) Health(ctx context.Context, id string, viaRuntime bool) ([]Condit
 	if s == nil || s.State != store.Staged {
 		return cs, nil
 	}
-	switch backing := device.LoopBackingFile(s.Device); {
+	switch backing := n.dev.LoopBackingFile(s.Device); {
 	case backing == "":
 		add(Inaccessible, "LoopDeviceDetached", "loop device %s of the staged volume was detached: unstage and stage the volume again (restart the pod)", s.Device)
 		return cs, nil
@@ -83,7 +82,7 @@ func (n *Node) Health(ctx context.Context, id string, viaRuntime bool) ([]Condit
 	if s.Block {
 		return cs, nil
 	}
-	m, err := device.MountedAt(s.Path)
+	m, err := n.dev.MountedAt(s.Path)
 	switch {
 	case err != nil:
 		add(Inaccessible, "MountTableUnreadable", "cannot read the mount table: %v", err)
@@ -93,17 +92,17 @@ func (n *Node) Health(ctx context.Context, id string, viaRuntime bool) ([]Condit
 		if m.ReadOnly() && !hasFlag(s.MountFlags, "ro") {
 			add(Degraded, "ReadOnly", "the filesystem at %s is read-only (%s): the kernel remounts it so after errors; check the kernel log and run fsck after unstaging", s.Path, m.Super)
 		}
-		if err := device.ReadableRoot(s.Path); err != nil {
+		if err := n.dev.ReadableRoot(s.Path); err != nil {
 			add(Inaccessible, "FilesystemShutdown", "the %s filesystem at %s fails every access (%v): it has shut down after an error; unstage it and repair it (xfs_repair / e2fsck)", v.FsType, s.Path, err)
 		}
 	}
 	if v.FsType == "ext4" {
-		if count, fn := device.Ext4Errors(s.Device); count > 0 {
+		if count, fn := n.dev.Ext4Errors(s.Device); count > 0 {
 			add(Degraded, "FilesystemErrors", "ext4 recorded %d error(s) (last in %s): run e2fsck on the volume after unstaging it", count, fn)
 		}
 	}
 	for t := range v.Publications {
-		if m, _ := device.MountedAt(t); m == nil {
+		if m, _ := n.dev.MountedAt(t); m == nil {
 			add(Inaccessible, "PublishMountMissing", "the volume is no longer mounted at %s: restart the pod", t)
 		}
 	}

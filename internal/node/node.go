@@ -28,12 +28,17 @@ type Node struct {
 	pool   *pool.Pool
 	store  *store.Store
 	direct *directvolume.Shim // nil: no direct assignment
+	dev    device.Interface
 }
 
 // New returns a Node for p. direct configures Kata direct assignment; nil
-// turns it off.
-func New(p *pool.Pool, direct *directvolume.Shim) *Node {
-	return &Node{pool: p, store: p.Store(), direct: direct}
+// turns it off. dev is the machine the volumes are attached and mounted on;
+// nil is the real one (device.Host).
+func New(p *pool.Pool, direct *directvolume.Shim, dev device.Interface) *Node {
+	if dev == nil {
+		dev = device.Host{}
+	}
+	return &Node{pool: p, store: p.Store(), direct: direct, dev: dev}
 }
 
 // StageRequest is a validated NodeStageVolume.
@@ -137,12 +142,12 @@ func (n *Node) failStage(id string, cause error) error {
 // record) are detached unless mounted.
 func (n *Node) ensureLoop(v *store.Volume) (string, error) {
 	img := n.pool.ImagePath(v.ID)
-	devs, err := device.LoopsFor(img)
+	devs, err := n.dev.LoopsFor(img)
 	if err != nil {
 		return "", err
 	}
 	if len(devs) == 0 {
-		dev, err := device.AttachLoop(img)
+		dev, err := n.dev.AttachLoop(img)
 		if err != nil {
 			return "", fmt.Errorf("attach volume %s: %w", v.ID, err)
 		}
@@ -157,15 +162,15 @@ func (n *Node) ensureLoop(v *store.Volume) (string, error) {
 		if d == keep {
 			continue
 		}
-		if mnts, _ := device.MountsOf(d); len(mnts) == 0 {
-			_ = device.DetachLoop(d, img)
+		if mnts, _ := n.dev.MountsOf(d); len(mnts) == 0 {
+			_ = n.dev.DetachLoop(d, img)
 		}
 	}
 	return keep, nil
 }
 
 func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path string, flags []string) error {
-	if m, err := device.MountedAt(path); err != nil {
+	if m, err := n.dev.MountedAt(path); err != nil {
 		return err
 	} else if m != nil {
 		if m.Source == dev {
@@ -173,25 +178,25 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 		}
 		return fmt.Errorf("staging path %s already has %s mounted: %w", path, m.Source, pool.ErrConflict)
 	}
-	found, err := device.Probe(ctx, dev)
+	found, err := n.dev.Probe(ctx, dev)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
 	switch found {
 	case "":
 		klog.InfoS("Formatting volume", "volume", v.ID, "fsType", v.FsType, "device", dev)
-		if err := device.Format(ctx, dev, v.FsType); err != nil {
+		if err := n.dev.Format(ctx, dev, v.FsType); err != nil {
 			return fmt.Errorf("format volume %s: %w", v.ID, err)
 		}
 	case v.FsType:
-		if err := device.FsckIfNeeded(ctx, dev, found); err != nil {
+		if err := n.dev.FsckIfNeeded(ctx, dev, found); err != nil {
 			return fmt.Errorf("check filesystem of volume %s: %w", v.ID, err)
 		}
 		// The image grew while the volume was not mounted (offline
 		// expansion, or a restore into a larger volume): ext4 grows
 		// best before the mount, which needs no privilege beyond root.
 		if v.GrowFs && found == "ext4" {
-			if err := device.GrowOffline(ctx, dev); err != nil {
+			if err := n.dev.GrowOffline(ctx, dev); err != nil {
 				return fmt.Errorf("grow filesystem of volume %s: %w", v.ID, err)
 			}
 			if err := n.pool.FsGrown(v.ID); err != nil {
@@ -210,11 +215,11 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 		// to mount a second filesystem with a UUID already mounted.
 		flags = append(slices.Clip(flags), "nouuid")
 	}
-	if err := device.Mount(ctx, dev, path, v.FsType, flags); err != nil {
+	if err := n.dev.Mount(ctx, dev, path, v.FsType, flags); err != nil {
 		return fmt.Errorf("mount volume %s: %w", v.ID, err)
 	}
 	if v.GrowFs {
-		if err := device.GrowOnline(ctx, v.FsType, dev, path); err != nil {
+		if err := n.dev.GrowOnline(ctx, v.FsType, dev, path); err != nil {
 			return fmt.Errorf("grow filesystem of volume %s: %w", v.ID, err)
 		}
 		return n.pool.FsGrown(v.ID)
@@ -225,14 +230,14 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 // stageIntact reports whether the recorded stage still exists in the kernel.
 func (n *Node) stageIntact(v *store.Volume) bool {
 	s := v.Stage
-	if device.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
+	if n.dev.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
 		return false
 	}
 	if _, direct := directPublication(v); s.Block || direct {
 		// A direct-assigned volume is deliberately not mounted here.
 		return true
 	}
-	return device.MountedFrom(s.Path, s.Device) == nil
+	return n.dev.MountedFrom(s.Path, s.Device) == nil
 }
 
 // ensureStaged makes sure that what a publication would bind is this
@@ -282,24 +287,24 @@ func (n *Node) Unstage(ctx context.Context, id, stagingPath string) error {
 func (n *Node) teardownStage(v *store.Volume) error {
 	s := v.Stage
 	if !s.Block {
-		if m, err := device.MountedAt(s.Path); err != nil {
+		if m, err := n.dev.MountedAt(s.Path); err != nil {
 			return err
-		} else if m != nil && (m.Source == s.Device || device.LoopBackingFile(m.Source) == n.pool.ImagePath(v.ID)) {
-			if err := device.Unmount(s.Path); err != nil {
+		} else if m != nil && (m.Source == s.Device || n.dev.LoopBackingFile(m.Source) == n.pool.ImagePath(v.ID)) {
+			if err := n.dev.Unmount(s.Path); err != nil {
 				return err
 			}
 		}
 	}
 	img := n.pool.ImagePath(v.ID)
-	devs, err := device.LoopsFor(img)
+	devs, err := n.dev.LoopsFor(img)
 	if err != nil {
 		return err
 	}
 	for _, d := range devs {
-		if mnts, _ := device.MountsOf(d); len(mnts) > 0 {
+		if mnts, _ := n.dev.MountsOf(d); len(mnts) > 0 {
 			return fmt.Errorf("volume %s: %s is still mounted at %s: %w", v.ID, d, strings.Join(mnts, ", "), pool.ErrInUse)
 		}
-		if err := device.DetachLoop(d, img); err != nil {
+		if err := n.dev.DetachLoop(d, img); err != nil {
 			return err
 		}
 	}
@@ -320,7 +325,7 @@ func (n *Node) livePublications(v *store.Volume) []string {
 		alive := false
 		if p.Direct {
 			alive = n.direct != nil && directvolume.Exists(n.direct.Root, t)
-		} else if m, _ := device.MountedAt(t); m != nil {
+		} else if m, _ := n.dev.MountedAt(t); m != nil {
 			alive = true
 		}
 		if alive {

@@ -66,7 +66,7 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 		if p.ReadOnly != r.ReadOnly || (p.AccessMode == 1) != r.Exclusive {
 			return fmt.Errorf("volume %s is already published at %s with other options: %w", v.ID, r.TargetPath, pool.ErrConflict)
 		}
-		if m, _ := device.MountedAt(r.TargetPath); m != nil {
+		if m, _ := n.dev.MountedAt(r.TargetPath); m != nil {
 			return nil
 		}
 	}
@@ -75,7 +75,7 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 			continue
 		}
 		if r.Exclusive || p.AccessMode == 1 {
-			if m, _ := device.MountedAt(t); m != nil {
+			if m, _ := n.dev.MountedAt(t); m != nil {
 				return fmt.Errorf("volume %s is ReadWriteOncePod and already published at %s: %w", v.ID, t, pool.ErrInUse)
 			}
 		}
@@ -127,7 +127,7 @@ func (n *Node) bind(ctx context.Context, v *store.Volume, r PublishRequest) erro
 	} else if err := os.Mkdir(r.TargetPath, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create target directory: %w", err)
 	}
-	if m, err := device.MountedAt(r.TargetPath); err != nil {
+	if m, err := n.dev.MountedAt(r.TargetPath); err != nil {
 		return err
 	} else if m != nil {
 		return fmt.Errorf("target %s already has %s mounted: %w", r.TargetPath, m.Source, pool.ErrConflict)
@@ -141,12 +141,12 @@ func (n *Node) bind(ctx context.Context, v *store.Volume, r PublishRequest) erro
 			opts = append(opts, f)
 		}
 	}
-	if err := device.Mount(ctx, source, r.TargetPath, "", opts); err != nil {
+	if err := n.dev.Mount(ctx, source, r.TargetPath, "", opts); err != nil {
 		return fmt.Errorf("publish volume %s at %s: %w", v.ID, r.TargetPath, err)
 	}
 	if !r.Block && !r.ReadOnly {
-		if err := ApplyFsGroup(r.TargetPath, r.FsGroup, r.FsGroupChangePolicy); err != nil {
-			_ = device.Unmount(r.TargetPath)
+		if err := n.ApplyFsGroup(r.TargetPath, r.FsGroup, r.FsGroupChangePolicy); err != nil {
+			_ = n.dev.Unmount(r.TargetPath)
 			return fmt.Errorf("volume %s: %w", v.ID, err)
 		}
 	}
@@ -157,13 +157,13 @@ func (n *Node) bind(ctx context.Context, v *store.Volume, r PublishRequest) erro
 // VOLUME_MOUNT_GROUP value; "" means none). kubelet leaves fsGroup to a
 // driver that advertises VOLUME_MOUNT_GROUP, so without this a non-root pod
 // cannot write to its own volume.
-func ApplyFsGroup(path, fsGroup, changePolicy string) error {
+func (n *Node) ApplyFsGroup(path, fsGroup, changePolicy string) error {
 	if fsGroup == "" {
 		return nil
 	}
 	g, err := gid(fsGroup)
 	if err == nil {
-		err = device.SetGroup(path, g, changePolicy == "OnRootMismatch")
+		err = n.dev.SetGroup(path, g, changePolicy == "OnRootMismatch")
 	}
 	if err != nil {
 		return fmt.Errorf("apply fsGroup %s: %w", fsGroup, err)
@@ -186,7 +186,7 @@ func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 	if err != nil && !errors.Is(err, pool.ErrNotFound) {
 		return err
 	}
-	m, merr := device.MountedAt(target)
+	m, merr := n.dev.MountedAt(target)
 	if merr != nil {
 		return merr
 	}
@@ -203,7 +203,7 @@ func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 		if _, ours := v.Publications[target]; !ours && !n.mountIsVolume(v, m) {
 			return fmt.Errorf("%s has %s mounted, which is not volume %s: leaving it alone: %w", target, m.Source, id, pool.ErrInvalid)
 		}
-		if err := device.Unmount(target); err != nil {
+		if err := n.dev.Unmount(target); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/store"
 )
@@ -37,8 +36,8 @@ func (n *Node) Recover(ctx context.Context) error {
 			// A crash during a snapshot leaves the filesystem
 			// frozen, and every writer in the pod hangs: thaw first.
 			if !v.Stage.Block {
-				if f, err := device.OpenFilesystemOn(v.Stage.Path, v.Stage.Device); err == nil {
-					if err := device.Thaw(f); err != nil {
+				if f, err := n.dev.OpenFilesystemOn(v.Stage.Path, v.Stage.Device); err == nil {
+					if err := f.Thaw(); err != nil {
 						klog.V(2).InfoS("Thaw at start", "volume", v.ID, "err", err)
 					}
 					f.Close()
@@ -94,7 +93,7 @@ func (n *Node) Recover(ctx context.Context) error {
 	if n.direct != nil {
 		n.scanDirect(vols)
 	}
-	loops, err := device.LoopDevices()
+	loops, err := n.dev.LoopDevices()
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
@@ -102,12 +101,12 @@ func (n *Node) Recover(ctx context.Context) error {
 		if _, ours := n.pool.ImageBacked(backing); !ours || owned[dev] {
 			continue
 		}
-		if mnts, _ := device.MountsOf(dev); len(mnts) > 0 {
+		if mnts, _ := n.dev.MountsOf(dev); len(mnts) > 0 {
 			klog.InfoS("Leaving mounted loop device that no stage records", "device", dev, "backing", backing, "mounts", mnts)
 			continue
 		}
 		klog.InfoS("Detaching loop device that no stage owns", "device", dev, "backing", backing)
-		if err := device.DetachLoop(dev, backing); err != nil {
+		if err := n.dev.DetachLoop(dev, backing); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -30,19 +30,19 @@ func (n *Node) VolumeStats(ctx context.Context, id, path string) (Stats, error) 
 		return n.directStats(ctx, v, t)
 	}
 	if s.Block {
-		size, err := device.DeviceSize(s.Device)
+		size, err := n.dev.DeviceSize(s.Device)
 		if err != nil {
 			return Stats{}, err
 		}
 		return Stats{Block: true, FSStats: device.FSStats{TotalBytes: size}}, nil
 	}
-	m, err := device.MountedAt(path)
+	m, err := n.dev.MountedAt(path)
 	if err != nil {
 		return Stats{}, err
 	}
 	if m == nil {
 		return Stats{}, fmt.Errorf("volume %s: %s is not mounted any more: %w", id, path, pool.ErrNotFound)
 	}
-	fs, err := device.Statfs(path)
+	fs, err := n.dev.Statfs(path)
 	return Stats{FSStats: fs}, err
 }

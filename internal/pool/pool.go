@@ -58,6 +58,9 @@ type Config struct {
 	// UnknownImages is what to do with images the store has no record
 	// of: UnknownRefuse (the default), UnknownAdopt or UnknownDelete.
 	UnknownImages string
+	// Device is the machine the images are attached, probed and copied
+	// on; nil is the real one (device.Host).
+	Device device.Interface
 }
 
 // Pool is one node's volume pool.
@@ -68,6 +71,7 @@ type Pool struct {
 	capacity int64
 	store    *store.Store
 	reflink  bool
+	dev      device.Interface
 
 	// mu serialises every capacity check with the allocation it admits
 	// (volume and snapshot creation, growth).
@@ -88,13 +92,16 @@ func Open(cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolve pool directory: %w", err)
 	}
-	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes"), snapDir: filepath.Join(dir, "snapshots")}
+	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes"), snapDir: filepath.Join(dir, "snapshots"), dev: cfg.Device}
+	if p.dev == nil {
+		p.dev = device.Host{}
+	}
 	for _, d := range []string{p.volDir, p.snapDir} {
 		if err := mkdirNoSymlink(d); err != nil {
 			return nil, err
 		}
 	}
-	p.reflink = device.CanReflink(p.volDir)
+	p.reflink = p.dev.CanReflink(p.volDir)
 	if p.reflink {
 		klog.InfoS("Pool filesystem supports reflink: snapshots and clones share extents and take constant time", "dir", dir)
 	} else {
@@ -102,7 +109,7 @@ func Open(cfg Config) (*Pool, error) {
 	}
 	p.capacity = cfg.Capacity
 	if p.capacity == 0 {
-		fs, err := device.Statfs(dir)
+		fs, err := p.dev.Statfs(dir)
 		if err != nil {
 			return nil, err
 		}
@@ -342,7 +349,7 @@ func (p *Pool) DeleteVolume(ctx context.Context, id string) error {
 // by Recover.
 func (p *Pool) removeVolume(id string) error {
 	img := p.ImagePath(id)
-	if err := detachUnused(img); err != nil {
+	if err := p.detachUnused(img); err != nil {
 		return fmt.Errorf("volume %s: %w", id, err)
 	}
 	if err := os.Remove(img); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -354,20 +361,20 @@ func (p *Pool) removeVolume(id string) error {
 
 // detachUnused detaches loop devices of img that nothing has mounted. A
 // mounted one means the volume is in use after all.
-func detachUnused(img string) error {
-	devs, err := device.LoopsFor(img)
+func (p *Pool) detachUnused(img string) error {
+	devs, err := p.dev.LoopsFor(img)
 	if err != nil {
 		return err
 	}
 	for _, dev := range devs {
-		mnts, err := device.MountsOf(dev)
+		mnts, err := p.dev.MountsOf(dev)
 		if err != nil {
 			return err
 		}
 		if len(mnts) > 0 {
 			return fmt.Errorf("%s is mounted at %s: %w", dev, strings.Join(mnts, ", "), ErrInUse)
 		}
-		if err := device.DetachLoop(dev, img); err != nil {
+		if err := p.dev.DetachLoop(dev, img); err != nil {
 			return err
 		}
 	}
@@ -392,7 +399,7 @@ func (p *Pool) Recover(ctx context.Context) error {
 			}
 		case store.Ready:
 			// Growth records the new size before it grows the image.
-			if err := device.GrowFile(p.ImagePath(v.ID), v.SizeBytes); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := p.dev.GrowFile(p.ImagePath(v.ID), v.SizeBytes); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, err)
 			}
 		}
@@ -417,7 +424,7 @@ func (p *Pool) ImageBacked(backing string) (string, bool) {
 // the first is smaller, a write inside a volume can fail with ENOSPC although
 // the volume is not full: the pool's filesystem is shared or too small.
 func (p *Pool) Unwritten() (fsFree, promised int64, err error) {
-	fs, err := device.Statfs(p.dir)
+	fs, err := p.dev.Statfs(p.dir)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -10,7 +10,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/store"
 )
@@ -92,7 +91,7 @@ func (p *Pool) copyVolume(src *store.Volume, dst string, size int64, quiesce fun
 		defer undo()
 	}
 	failpoint.Hit("copy-while-quiesced")
-	return device.CopyImage(p.ImagePath(src.ID), dst, size, p.reflink)
+	return p.dev.CopyImage(p.ImagePath(src.ID), dst, size, p.reflink)
 }
 
 func (p *Pool) readyVolume(id string) (*store.Volume, error) {
@@ -168,7 +167,7 @@ func (p *Pool) copyFromSource(v *store.Volume, quiesce func(string) (func(), err
 			return err
 		}
 		srcSize = s.SizeBytes
-		if err := device.CopyImage(p.SnapshotPath(s.ID), dst, v.SizeBytes, p.reflink); err != nil {
+		if err := p.dev.CopyImage(p.SnapshotPath(s.ID), dst, v.SizeBytes, p.reflink); err != nil {
 			return fmt.Errorf("restore snapshot %s: %w", s.ID, err)
 		}
 	case store.FromVolume:
@@ -257,7 +256,7 @@ func (p *Pool) GrowVolume(id string, size int64) (*store.Volume, error) {
 		}
 	}
 	failpoint.Hit("grow-after-record")
-	if err := device.GrowFile(p.ImagePath(id), v.SizeBytes); err != nil {
+	if err := p.dev.GrowFile(p.ImagePath(id), v.SizeBytes); err != nil {
 		return nil, err
 	}
 	return v, nil

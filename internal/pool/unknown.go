@@ -99,7 +99,7 @@ func (p *Pool) accountForImages(ctx context.Context, policy string) error {
 	case UnknownDelete:
 		for _, u := range unknown {
 			klog.InfoS("Deleting an image the metadata store does not know, as --unknown-images=delete asks", "path", u.path)
-			if err := detachUnused(u.path); err != nil {
+			if err := p.detachUnused(u.path); err != nil {
 				return fmt.Errorf("delete unknown image %s: %w", u.path, err)
 			}
 			if err := os.Remove(u.path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -141,7 +141,7 @@ func (p *Pool) adopt(ctx context.Context, u unknownImage) error {
 	if err != nil {
 		return err
 	}
-	fs, err := device.Probe(ctx, u.path)
+	fs, err := p.dev.Probe(ctx, u.path)
 	if err != nil {
 		return fmt.Errorf("adopt %s: %w", u.path, err)
 	}
