@@ -27,13 +27,18 @@ type fakeNode struct {
 	kubelet string
 }
 
-func newFakeNode(t *testing.T) *fakeNode {
+func newFakeNode(t *testing.T) *fakeNode { return newFakeNodeReflink(t, false) }
+
+// newFakeNodeReflink is newFakeNode on a pool whose filesystem has reflink
+// or not.
+func newFakeNodeReflink(t *testing.T, reflink bool) *fakeNode {
 	t.Helper()
 	dir, err := filepath.EvalSymlinks(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	dev := devicetest.New()
+	dev.SetReflink(reflink)
 	p, err := pool.Open(pool.Config{Dir: filepath.Join(dir, "pool"), Capacity: 10 * pool.GiB, Device: dev})
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +96,7 @@ func (f *fakeNode) createStaged(params map[string]string) (id, staging string) {
 // filesystem), and the host cannot mount the volume meanwhile.
 func TestSnapshotOfAnAssignedVolume(t *testing.T) {
 	ctx := context.Background()
-	f := newFakeNode(t)
+	f := newFakeNodeReflink(t, true)
 	id, staging := f.createStaged(map[string]string{ParamDirectAssign: "always"})
 	target := filepath.Join(f.dir("pods/a"), "mount")
 	_, err := f.d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwop()})

@@ -79,7 +79,14 @@ func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 	if err != nil {
 		return fmt.Errorf("inline volume of pod %s/%s: %w", pod.PodNamespace, pod.PodName, err)
 	}
+	// kubelet publishes again what it finds mounted after a restart: that
+	// pod is using the volume, so a repeated publish must neither walk its
+	// files again nor, whatever fails, tear the volume down.
+	repeat := v.Stage != nil && v.Stage.State == store.Staged && v.Stage.Path == r.TargetPath
 	err = m.Node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: r.TargetPath, FsType: r.FsType, MountFlags: r.MountFlags})
+	if repeat {
+		return err
+	}
 	if err == nil && !r.ReadOnly {
 		err = m.Node.ApplyFsGroup(r.TargetPath, r.FsGroup, "")
 		if err != nil {

@@ -93,6 +93,13 @@ func (n *Node) Quiesce(id string) (func(), error) {
 		return func() {}, nil
 	}
 	if _, direct := directPublication(v); s.Block || direct {
+		if direct && !n.pool.Reflink() {
+			// Without reflink the copy reads the image extent by
+			// extent for as long as it takes, while the guest goes on
+			// writing: the copy would be torn, not crash-consistent.
+			// A reflink copy is one atomic step.
+			return nil, fmt.Errorf("volume %s is assigned to a microVM and this pool's filesystem has no reflink, so a copy of it while the guest writes would be torn: stop the pod first, or put the pool on XFS or btrfs: %w", id, pool.ErrInUse)
+		}
 		return func() {}, n.dev.SyncDevice(s.Device)
 	}
 	f, err := n.dev.OpenFilesystemOn(s.Path, s.Device)

@@ -251,15 +251,16 @@ func (n *Node) ensureStaged(ctx context.Context, v *store.Volume) (*store.Volume
 	if n.stageIntact(v) {
 		return v, nil
 	}
-	klog.InfoS("The stage of volume is gone: staging it again before publishing", "volume", v.ID, "stagingPath", v.Stage.Path, "device", v.Stage.Device)
+	id, path := v.ID, v.Stage.Path
+	klog.InfoS("The stage of volume is gone: staging it again before publishing", "volume", id, "stagingPath", path, "device", v.Stage.Device)
 	_, err := n.restoreStage(ctx, v)
 	if err == nil {
-		if v, err = n.store.Volume(v.ID); err == nil && !n.stageIntact(v) {
+		if v, err = n.store.Volume(id); err == nil && !n.stageIntact(v) {
 			err = errors.New("the staging path is not a directory any more")
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("volume %s is no longer staged at %s and could not be staged again (%v): refusing to publish anything else in its place; unstage and stage it again: %w", v.ID, v.Stage.Path, err, pool.ErrInUse)
+		return nil, fmt.Errorf("volume %s is no longer staged at %s and could not be staged again (%v): refusing to publish anything else in its place; unstage and stage it again: %w", id, path, err, pool.ErrInUse)
 	}
 	return v, nil
 }

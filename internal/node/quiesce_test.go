@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"errors"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -97,6 +98,8 @@ func TestQuiesceRefusesWhatIsNotTheVolume(t *testing.T) {
 // node's filesystem, which must never be frozen.
 func TestQuiesceOfAnAssignedVolumeFreezesNothing(t *testing.T) {
 	e := newEnv(t)
+	e.dev.SetReflink(true)
+	e.restart()
 	v := e.volume("ext4")
 	e.stage(v)
 	must(t, e.publish(v, v.target, direct))
@@ -153,5 +156,20 @@ func TestQuiesceFreezeFailure(t *testing.T) {
 	}
 	if snaps, _ := e.pool.Store().Snapshots(); len(snaps) != 0 {
 		t.Fatalf("snapshot records left: %d", len(snaps))
+	}
+}
+
+// Without reflink a copy of an assigned volume would be torn by the guest's
+// writes: refused, and nothing frozen.
+func TestQuiesceOfAnAssignedVolumeOnACopyPool(t *testing.T) {
+	e := newEnv(t)
+	v := e.volume("ext4")
+	e.stage(v)
+	must(t, e.publish(v, v.target, direct))
+	if _, err := e.node.Quiesce(v.ID); !errors.Is(err, pool.ErrInUse) {
+		t.Fatalf("quiesce of an assigned volume on a pool without reflink: %v, want in use", err)
+	}
+	if log := e.dev.FreezeLog(); len(log) != 0 {
+		t.Fatalf("froze: %+v", log)
 	}
 }

@@ -76,13 +76,13 @@ func TestPublishNeverBindsAStandIn(t *testing.T) {
 // directory: the "node's own filesystem" holding the pool, the kubelet
 // directories and the Kata directories, as with the default --pool-dir. It
 // is thawed (in case a test froze it), unmounted and detached at the end.
-func nodeFS(t *testing.T) string {
+func nodeFS(t *testing.T, fsType string) string {
 	t.Helper()
 	outer := plugintest.TempDir(t)
 	img := filepath.Join(outer, "node.img")
 	mnt := filepath.Join(outer, "node")
 	run(t, "truncate", "-s", "2G", img)
-	run(t, "mkfs.ext4", "-q", img)
+	run(t, "mkfs."+fsType, "-q", img)
 	dev := strings.TrimSpace(run(t, "losetup", "--find", "--show", img))
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
@@ -114,54 +114,67 @@ func writable(dir string) bool {
 }
 
 // TestCopyOfAssignedVolumeFreezesNothing: a volume assigned to a microVM has
-// no staging mount on the host; a snapshot or clone of it is a
-// crash-consistent copy of the device and never freezes the filesystem that
-// holds the (empty) staging directory, the node's own.
+// no staging mount on the host; a snapshot or clone of it never freezes the
+// filesystem that holds the (empty) staging directory, the node's own. On a
+// pool with reflink it is a crash-consistent copy of the device; without,
+// the copy would be torn by the guest's writes, and it is refused.
 func TestCopyOfAssignedVolumeFreezesNothing(t *testing.T) {
-	plugintest.RequireRoot(t)
-	dir := nodeFS(t)
-	rt := newRuntime(t, dir)
-	e := start(t, plugintest.Options{Dir: dir, NodeID: node, Args: rt.args()})
-	c := rwop("ext4")
-	id := e.create("kata", 64<<20, c, map[string]string{"directAssign": "always"}).GetVolumeId()
-	e.must("stage", e.stage(id, c))
-	e.must("assign", e.publishReq(id, c, e.target(id)))
-	// The guest writes (done on the host, as the guest would).
-	dev := e.loopOf(id)
-	guest := filepath.Join(dir, "guest")
-	_ = os.Mkdir(guest, 0o700)
-	run(t, "mount", dev, guest)
-	writeFile(t, filepath.Join(guest, "f"), "written in the guest")
-	run(t, "umount", guest)
+	for _, fs := range []string{"xfs", "ext4"} {
+		t.Run(fs, func(t *testing.T) {
+			plugintest.RequireRoot(t)
+			dir := nodeFS(t, fs)
+			rt := newRuntime(t, dir)
+			e := start(t, plugintest.Options{Dir: dir, NodeID: node, Args: rt.args()})
+			c := rwop("ext4")
+			id := e.create("kata", 64<<20, c, map[string]string{"directAssign": "always"}).GetVolumeId()
+			e.must("stage", e.stage(id, c))
+			e.must("assign", e.publishReq(id, c, e.target(id)))
+			// The guest writes (done on the host, as the guest would).
+			dev := e.loopOf(id)
+			guest := filepath.Join(dir, "guest")
+			_ = os.Mkdir(guest, 0o700)
+			run(t, "mount", dev, guest)
+			writeFile(t, filepath.Join(guest, "f"), "written in the guest")
+			run(t, "umount", guest)
 
-	cctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	r, err := e.p.Controller().CreateSnapshot(cctx, &csi.CreateSnapshotRequest{Name: "snap", SourceVolumeId: id})
-	if !writable(dir) {
-		t.Fatalf("the node's filesystem is frozen after a snapshot of an assigned volume (snapshot: %v)", err)
-	}
-	e.must("snapshot of an assigned volume", err)
-	clone, err := e.createFrom("clone", 64<<20, rwo, fromVolume(id))
-	if !writable(dir) {
-		t.Fatalf("the node's filesystem is frozen after a clone of an assigned volume (clone: %v)", err)
-	}
-	e.must("clone of an assigned volume", err)
-	restored, err := e.createFrom("restored", 64<<20, rwo, fromSnapshot(r.GetSnapshot().GetSnapshotId()))
-	e.must("restore", err)
-	for _, v := range []string{clone.GetVolumeId(), restored.GetVolumeId()} {
-		e.up(v, rwo)
-		if got := readFile(t, filepath.Join(e.target(v), "f")); got != "written in the guest" {
-			t.Fatalf("copy %s holds %q", v, got)
-		}
-		e.down(v)
-	}
-	e.must("unassign", e.unpublish(id))
-	e.must("unstage", e.unstage(id))
-	e.must("delete", e.delete(id))
-	_, err = e.p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: r.GetSnapshot().GetSnapshotId()})
-	e.must("delete snapshot", err)
-	if loops, mounts := plugintest.Leftovers(filepath.Join(dir, "pool")); len(loops)+len(mounts) > 0 {
-		t.Fatalf("leftovers: %v %v", loops, mounts)
+			cctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			r, err := e.p.Controller().CreateSnapshot(cctx, &csi.CreateSnapshotRequest{Name: "snap", SourceVolumeId: id})
+			if !writable(dir) {
+				t.Fatalf("the node's filesystem is frozen after a snapshot of an assigned volume (snapshot: %v)", err)
+			}
+			clone, cerr := e.createFrom("clone", 64<<20, rwo, fromVolume(id))
+			if !writable(dir) {
+				t.Fatalf("the node's filesystem is frozen after a clone of an assigned volume (clone: %v)", cerr)
+			}
+			if fs == "ext4" {
+				wantCode(t, "snapshot of an assigned volume on a pool without reflink", err, codes.FailedPrecondition)
+				wantCode(t, "clone of an assigned volume on a pool without reflink", cerr, codes.FailedPrecondition)
+				if !strings.Contains(err.Error(), "no reflink") {
+					t.Fatalf("message does not say why: %v", err)
+				}
+			} else {
+				e.must("snapshot of an assigned volume", err)
+				e.must("clone of an assigned volume", cerr)
+				restored, err := e.createFrom("restored", 64<<20, rwo, fromSnapshot(r.GetSnapshot().GetSnapshotId()))
+				e.must("restore", err)
+				for _, v := range []string{clone.GetVolumeId(), restored.GetVolumeId()} {
+					e.up(v, rwo)
+					if got := readFile(t, filepath.Join(e.target(v), "f")); got != "written in the guest" {
+						t.Fatalf("copy %s holds %q", v, got)
+					}
+					e.down(v)
+				}
+				_, err = e.p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: r.GetSnapshot().GetSnapshotId()})
+				e.must("delete snapshot", err)
+			}
+			e.must("unassign", e.unpublish(id))
+			e.must("unstage", e.unstage(id))
+			e.must("delete", e.delete(id))
+			if loops, mounts := plugintest.Leftovers(filepath.Join(dir, "pool")); len(loops)+len(mounts) > 0 {
+				t.Fatalf("leftovers: %v %v", loops, mounts)
+			}
+		})
 	}
 }
 
