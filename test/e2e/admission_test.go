@@ -50,8 +50,9 @@ func asUser(t *testing.T, user, manifest string) (string, error) {
 
 // TestAdmissionPolicyGaps: the ways around the PVC-rights policy are closed
 // for a user without PVC rights (a ReplicationController, a template that
-// names no class while podvol's is the default, a podvol StorageClass the
-// policy was not shipped with), and stay open for a user with them; a CSI
+// names no class while podvol's is the default, one naming podvol's class by
+// the beta annotation, a podvol StorageClass the policy was not shipped
+// with), and stay open for a user with them; a CSI
 // inline podvol volume is capped in size for everyone, by a cap an admin can
 // raise per namespace.
 func TestAdmissionPolicyGaps(t *testing.T) {
@@ -108,7 +109,12 @@ func TestAdmissionPolicyGaps(t *testing.T) {
 		_, _ = cluster.RunKubectl(ctx(t), "annotate", "storageclass", "podvol", "storageclass.kubernetes.io/is-default-class-")
 	})
 	admitted("default class", "dave", podWith("default", ephemeralOf("")))
-	refused("default class", "carol", podWith("default", ephemeralOf("")), "(the default class)")
+	refused("default class", "carol", podWith("default", ephemeralOf("")), "the default class is podvol's")
+
+	// The beta annotation names the class before spec.storageClassName does.
+	beta := podWith("beta", "ephemeral:\n  volumeClaimTemplate:\n    metadata:\n      annotations: {volume.beta.kubernetes.io/storage-class: podvol}\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: other\n      resources: {requests: {storage: 64Mi}}")
+	admitted("class by the beta annotation", "dave", beta)
+	refused("class by the beta annotation", "carol", beta, noRights)
 
 	// Inline volumes: capped for everyone, raised per namespace.
 	inline := func(size string) string {
