@@ -346,8 +346,21 @@ func (r *Reconciler) finishReset(ctx context.Context, key types.NamespacedName, 
 				// Still being deleted (finalizers): look again soon.
 				return true, ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 			}
-			// Stashed, but not deleted (a restart in between): the
-			// reset starts again, if the PVC is still unused.
+			// Stashed, but not deleted (a restart in between, or a
+			// delete that failed). A stash left here would bring the
+			// claim back once a user deletes it, so it goes, if the
+			// live PVC (not a cache that may not show the delete yet)
+			// confirms; the reset writes it again if it starts over.
+			live := &corev1.PersistentVolumeClaim{}
+			if err := r.APIReader.Get(ctx, key, live); err != nil {
+				return true, ctrl.Result{}, client.IgnoreNotFound(err)
+			}
+			if live.UID != pvc.UID || live.DeletionTimestamp != nil {
+				return true, ctrl.Result{RequeueAfter: 2 * time.Second}, nil
+			}
+			if err := r.Client.Delete(ctx, stash, client.Preconditions{UID: &stash.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return true, ctrl.Result{}, err
+			}
 			return false, ctrl.Result{}, nil
 		}
 		// The new PVC exists: the stash has served, and the PVC goes on
