@@ -1,0 +1,131 @@
+package deploy
+
+import (
+	"fmt"
+	"testing"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// access is one request: verb on group/resource[/subresource], in a
+// namespace ("" for cluster-wide), of one object (name) or any.
+type access struct {
+	verb, group, resource, subresource, namespace, name string
+	// who calls it (for failures)
+	who string
+}
+
+func (a access) String() string {
+	r := a.resource
+	if a.group != "" {
+		r += "." + a.group
+	}
+	if a.subresource != "" {
+		r += "/" + a.subresource
+	}
+	if a.name != "" {
+		r += " " + a.name
+	}
+	where := "cluster-wide"
+	if a.namespace != "" {
+		where = "in " + a.namespace
+	}
+	return fmt.Sprintf("%s %s %s", a.verb, r, where)
+}
+
+func verbs(who, group, resource, sub, ns string, vs ...string) []access {
+	var out []access
+	for _, v := range vs {
+		out = append(out, access{verb: v, group: group, resource: resource, subresource: sub, namespace: ns, who: who})
+	}
+	return out
+}
+
+// needed is every call the node DaemonSet makes (see rbac-node.yaml's
+// comments for where in each component's code).
+func needed() []access {
+	var a []access
+	add := func(x ...access) { a = append(a, x...) }
+	const prov, snap, res, plugin = "external-provisioner", "csi-snapshotter", "external-resizer", "plugin"
+	add(verbs(plugin, "", "pods", "", "tenant", "get")...)
+	add(verbs(prov, "", "pods", "", namespace, "get")...)
+	add(verbs(plugin, "node.k8s.io", "runtimeclasses", "", "", "get")...)
+	add(verbs(prov+", "+res, "", "persistentvolumes", "", "", "get", "list", "watch", "create", "patch", "delete")...)
+	add(verbs(prov+", "+res, "", "persistentvolumeclaims", "", "", "list", "watch")...)
+	add(verbs(prov, "", "persistentvolumeclaims", "", "tenant", "get", "update")...)
+	add(verbs(res, "", "persistentvolumeclaims", "status", "tenant", "patch")...)
+	add(verbs("event recorders", "", "events", "", "tenant", "create", "patch")...)
+	add(verbs("event recorders", "", "events", "", namespace, "create", "patch")...)
+	add(verbs(prov, "storage.k8s.io", "storageclasses", "", "", "list", "watch")...)
+	add(verbs(prov, "storage.k8s.io", "volumeattributesclasses", "", "", "get")...)
+	add(verbs(prov, "snapshot.storage.k8s.io", "volumesnapshots", "", "", "list", "watch")...)
+	add(verbs(prov, "snapshot.storage.k8s.io", "volumesnapshots", "", "tenant", "get", "update")...)
+	add(verbs(snap, "snapshot.storage.k8s.io", "volumesnapshotclasses", "", "", "list", "watch")...)
+	add(verbs(snap+", "+prov, "snapshot.storage.k8s.io", "volumesnapshotcontents", "", "", "get", "list", "watch", "patch")...)
+	add(verbs(snap, "snapshot.storage.k8s.io", "volumesnapshotcontents", "status", "", "update", "patch")...)
+	add(verbs(prov, "gateway.networking.k8s.io", "referencegrants", "", "", "list", "watch")...)
+	add(verbs(prov, "storage.k8s.io", "csistoragecapacities", "", namespace, "list", "watch", "create", "update", "delete")...)
+	add(verbs(res, "coordination.k8s.io", "leases", "", namespace, "create")...)
+	for _, v := range []string{"get", "update"} {
+		add(access{verb: v, group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "external-resizer-podvol-io", who: res})
+	}
+	return a
+}
+
+// notNeeded were granted before (or are near what is) and nothing in the
+// DaemonSet calls them.
+func notNeeded() []access {
+	var a []access
+	add := func(x ...access) { a = append(a, x...) }
+	add(verbs("", "", "nodes", "", "", "get", "list", "watch")...)
+	add(verbs("", "storage.k8s.io", "csinodes", "", "", "get", "list", "watch")...)
+	add(verbs("", "storage.k8s.io", "volumeattachments", "", "", "get", "list", "watch")...)
+	add(verbs("", "", "pods", "", "", "list", "watch")...)
+	add(verbs("", "", "events", "", "tenant", "list", "watch", "update")...)
+	add(verbs("", "storage.k8s.io", "storageclasses", "", "", "get")...)
+	add(verbs("", "storage.k8s.io", "volumeattributesclasses", "", "", "list", "watch")...)
+	add(verbs("", "snapshot.storage.k8s.io", "volumesnapshotclasses", "", "", "get")...)
+	add(verbs("", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", "", "update", "create", "delete")...)
+	add(verbs("", "gateway.networking.k8s.io", "referencegrants", "", "tenant", "get")...)
+	add(verbs("", "apps", "daemonsets", "", namespace, "get")...)
+	add(verbs("", "storage.k8s.io", "csistoragecapacities", "", namespace, "get", "patch")...)
+	add(verbs("", "coordination.k8s.io", "leases", "", namespace, "list", "watch", "delete")...)
+	for _, v := range []string{"get", "update"} {
+		add(access{verb: v, group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "podvol-controller"})
+		add(access{verb: v, group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "snapshot-controller-leader"})
+	}
+	add(verbs("", "", "persistentvolumes", "", "", "update")...)
+	add(verbs("", "", "persistentvolumeclaims", "", "tenant", "create", "delete", "patch")...)
+	add(verbs("", "", "secrets", "", "tenant", "get", "list")...)
+	add(verbs("", "", "configmaps", "", namespace, "get", "update")...)
+	add(verbs("", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", "", "list")...)
+	return a
+}
+
+// testRBAC: podvol-node's roles allow every call the DaemonSet makes, and
+// none of those nothing makes.
+func (e *env) testRBAC(t *testing.T) {
+	may := func(a access) bool {
+		r, err := e.admin.kc.AuthorizationV1().SubjectAccessReviews().Create(bg, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   saUser,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource,
+				Subresource: a.subresource, Namespace: a.namespace, Name: a.name},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Status.Allowed
+	}
+	for _, a := range needed() {
+		if !may(a) {
+			t.Errorf("podvol-node may not %s, which %s calls", a, a.who)
+		}
+	}
+	for _, a := range notNeeded() {
+		if may(a) {
+			t.Errorf("podvol-node may %s, which nothing in the node DaemonSet calls", a)
+		}
+	}
+}
