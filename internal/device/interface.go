@@ -30,6 +30,7 @@ type Loops interface {
 	LoopBackingFile(dev string) string
 	LoopSetCapacity(dev string) error
 	DeviceSize(dev string) (int64, error)
+	DeviceNodeOf(path, dev string) error
 	SyncDevice(dev string) error
 }
 
@@ -91,6 +92,7 @@ func (Host) LoopBackingFile(dev string) string                     { return Loop
 func (Host) LoopSetCapacity(dev string) error                      { return LoopSetCapacity(dev) }
 func (Host) DeviceSize(dev string) (int64, error)                  { return DeviceSize(dev) }
 func (Host) SyncDevice(dev string) error                           { return SyncDevice(dev) }
+func (Host) DeviceNodeOf(path, dev string) error                   { return DeviceNodeOf(path, dev) }
 func (Host) Unmount(target string) error                           { return Unmount(target) }
 func (Host) MountedAt(path string) (*MountAt, error)               { return MountedAt(path) }
 func (Host) MountsOf(dev string) ([]string, error)                 { return MountsOf(dev) }

@@ -201,6 +201,24 @@ func DeviceSize(dev string) (int64, error) {
 	return int64(size), nil
 }
 
+// DeviceNodeOf returns nil if path is a block device node of dev: the same
+// device number, whatever the node's name. Kubelet asks for a raw block
+// volume's stats at a device file of its own (the volume's global map path
+// joined with the pod's UID), not at a path podvol published.
+func DeviceNodeOf(path, dev string) error {
+	var want, got unix.Stat_t
+	if err := unix.Stat(dev, &want); err != nil {
+		return fmt.Errorf("stat %s: %w", dev, err)
+	}
+	if err := unix.Stat(path, &got); err != nil {
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	if want.Mode&unix.S_IFMT != unix.S_IFBLK || got.Mode&unix.S_IFMT != unix.S_IFBLK || got.Rdev != want.Rdev {
+		return fmt.Errorf("%s is not a device node of %s: %w", path, dev, ErrNotMounted)
+	}
+	return nil
+}
+
 // LoopInode returns the device and inode numbers of a loop device's backing
 // file: unlike the path in /sys, they do not depend on the mount namespace
 // that attached it.

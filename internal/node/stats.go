@@ -6,6 +6,7 @@ import (
 
 	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
 )
 
 // Stats is what NodeGetVolumeStats reports.
@@ -23,7 +24,7 @@ func (n *Node) VolumeStats(ctx context.Context, id, path string) (Stats, error) 
 	}
 	s := v.Stage
 	_, published := v.Publications[path]
-	if s == nil || (!published && s.Path != path) {
+	if s == nil || (!published && s.Path != path && !n.mapsBlock(s, path)) {
 		return Stats{}, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, pool.ErrNotFound)
 	}
 	if t, direct := directPublication(v); direct {
@@ -45,4 +46,13 @@ func (n *Node) VolumeStats(ctx context.Context, id, path string) (Stats, error) 
 	}
 	fs, err := n.dev.Statfs(path)
 	return Stats{FSStats: fs}, err
+}
+
+// mapsBlock tells whether path is a device node of a block stage's loop
+// device: kubelet asks for a raw block volume's stats at its own map path
+// (volumeDevices/<pv>/dev/<pod uid>, a bind of the file podvol published),
+// never at the target. Only the volume's own device answers, so no path
+// can read another volume's size.
+func (n *Node) mapsBlock(s *store.Stage, path string) bool {
+	return s.Block && s.State == store.Staged && n.dev.DeviceNodeOf(path, s.Device) == nil
 }

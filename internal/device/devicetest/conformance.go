@@ -220,6 +220,21 @@ func Conformance(t *testing.T, m device.Interface) {
 		if mps, _ := m.MountsOf(dev); len(mps) != 0 {
 			t.Fatalf("a device node's bind is not a mount of the device: %v", mps)
 		}
+		// Kubelet binds the published file on to a path of its own.
+		mapped := filepath.Join(c.dir("map"), "pod-uid")
+		must(t, os.WriteFile(mapped, nil, 0o640))
+		c.mount(target, mapped, "", "bind")
+		for _, p := range []string{dev, target, mapped} {
+			if err := m.DeviceNodeOf(p, dev); err != nil {
+				t.Fatalf("DeviceNodeOf(%s, %s): %v", p, dev, err)
+			}
+		}
+		other := c.attach(c.image(1 << 20))
+		for _, p := range []string{other, img, filepath.Dir(mapped), filepath.Join(c.dir("none"), "x")} {
+			if err := m.DeviceNodeOf(p, dev); err == nil {
+				t.Fatalf("DeviceNodeOf(%s, %s) = nil, want an error", p, dev)
+			}
+		}
 	})
 
 	t.Run("DetachWhileMounted", func(t *testing.T) {

@@ -88,6 +88,7 @@ const (
 	LoopsFor         Op = "LoopsFor"
 	LoopSetCapacity  Op = "LoopSetCapacity"
 	DeviceSize       Op = "DeviceSize"
+	DeviceNodeOf     Op = "DeviceNodeOf"
 	SyncDevice       Op = "SyncDevice"
 	Mount            Op = "Mount"
 	Unmount          Op = "Unmount"
@@ -657,6 +658,27 @@ func (f *Fake) DeviceSize(dev string) (int64, error) {
 	return 0, nil // a free loop device is 0 bytes long
 }
 
+func (f *Fake) DeviceNodeOf(path, dev string) error {
+	if err := f.enter(DeviceNodeOf, path); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := loopNumber(dev)
+	if !ok || !f.created[n] {
+		return &os.PathError{Op: "stat", Path: dev, Err: unix.ENOENT}
+	}
+	// A device node is the device itself or a device bound onto a file.
+	path = filepath.Clean(path)
+	if path == devName(n) {
+		return nil
+	}
+	if m := f.top(path); m != nil && m.fsType == "devtmpfs" && m.root == "/loop"+strconv.Itoa(n) {
+		return nil
+	}
+	return fmt.Errorf("%s is not a device node of %s: %w", path, dev, device.ErrNotMounted)
+}
+
 func (f *Fake) SyncDevice(dev string) error {
 	if err := f.enter(SyncDevice, dev); err != nil {
 		return err
@@ -709,6 +731,15 @@ func (f *Fake) Mount(ctx context.Context, source, target, fsType string, options
 				return fail("a device node binds onto a file: %w", unix.ENOTDIR)
 			}
 			m.source, m.fsType, m.root = "devtmpfs", "devtmpfs", "/loop"+strconv.Itoa(n)
+			break
+		}
+		// A device node bound onto a file binds on again, as kubelet
+		// does from a block volume's publish path to its map path.
+		if under := f.top(source); under != nil && under.fsType == "devtmpfs" {
+			if !tfi.Mode().IsRegular() {
+				return fail("a device node binds onto a file: %w", unix.ENOTDIR)
+			}
+			m.source, m.fsType, m.root = under.source, under.fsType, under.root
 			break
 		}
 		sfi, err := os.Stat(source)
