@@ -1,6 +1,7 @@
 // Command podvol-controller is podvol's cluster-wide half: the ephemeral
-// volume controller, the ephemeral-clone lifecycle and the release of local
-// volumes of lost nodes (internal/controller/...).
+// volume controller, the ephemeral-clone lifecycle, the release of local
+// volumes of lost nodes, the admission policies' parameters and the routing
+// of imported snapshots to their node (internal/controller/...).
 package main
 
 import (
@@ -22,6 +23,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/clonelifecycle"
 	"github.com/podvol/podvol/internal/controller/ephemeral"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
+	"github.com/podvol/podvol/internal/controller/snapshotimport"
 )
 
 var version = "dev"
@@ -36,7 +38,7 @@ func main() {
 		healthAddr  = flag.String("health-address", "127.0.0.1:9810", "address of /healthz and /readyz")
 		leaderElect = flag.Bool("leader-elect", true, "run one active instance (a Lease in --leader-election-namespace)")
 		leaseNS     = flag.String("leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader election Lease")
-		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params", "controllers to run")
+		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import", "controllers to run")
 		driver      = flag.String("driver", "podvol.io", "CSI driver whose volumes node-loss releases and whose StorageClasses the admission policies check")
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
 			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released; a renewal seen after the deletion means the node lives, and nothing is released")
@@ -111,9 +113,11 @@ func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers,
 				return fmt.Errorf("admission-params writes ConfigMap %s in podvol's namespace: set POD_NAMESPACE or --leader-election-namespace", admissionParams)
 			}
 			err = (&admissionparams.Reconciler{Client: mgr.GetClient(), Driver: driver, Namespace: leaseNS, Name: admissionParams}).SetupWithManager(mgr)
+		case "snapshot-import":
+			err = (&snapshotimport.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver}).SetupWithManager(mgr)
 		case "":
 		default:
-			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params)", name)
+			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import)", name)
 		}
 		if err != nil {
 			return fmt.Errorf("set up %s: %w", name, err)

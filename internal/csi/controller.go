@@ -59,7 +59,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
-	source, err := contentSource(req.GetVolumeContentSource())
+	source, err := d.contentSource(req.GetVolumeContentSource())
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +90,7 @@ func (d *Driver) csiVolume(v *store.Volume) *csi.Volume {
 	switch src := v.Source; {
 	case src == nil:
 	case src.Kind == store.FromSnapshot:
-		cv.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: src.ID}}}
+		cv.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: d.snapshotHandle(src.ID)}}}
 	case src.Kind == store.FromVolume:
 		cv.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src.ID}}}
 	}
@@ -99,7 +99,7 @@ func (d *Driver) csiVolume(v *store.Volume) *csi.Volume {
 
 // contentSource translates a CreateVolume's content source. Its existence is
 // checked by the pool (NOT_FOUND).
-func contentSource(cs *csi.VolumeContentSource) (*store.Source, error) {
+func (d *Driver) contentSource(cs *csi.VolumeContentSource) (*store.Source, error) {
 	switch {
 	case cs == nil:
 		return nil, nil
@@ -107,7 +107,11 @@ func contentSource(cs *csi.VolumeContentSource) (*store.Source, error) {
 		if err := checkVolumeID(cs.GetSnapshot().GetSnapshotId()); err != nil {
 			return nil, invalid("source snapshot id is required and must be well-formed")
 		}
-		return &store.Source{Kind: store.FromSnapshot, ID: cs.GetSnapshot().GetSnapshotId()}, nil
+		id, err := d.snapshotID(cs.GetSnapshot().GetSnapshotId())
+		if err != nil {
+			return nil, err
+		}
+		return &store.Source{Kind: store.FromSnapshot, ID: id}, nil
 	case cs.GetVolume() != nil:
 		if err := checkVolumeID(cs.GetVolume().GetVolumeId()); err != nil {
 			return nil, invalid("source volume id is required and must be well-formed")

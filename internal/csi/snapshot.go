@@ -10,12 +10,28 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/snaphandle"
 	"github.com/podvol/podvol/internal/store"
 )
 
+// snapshotHandle is the CSI id of a snapshot of this node's pool: it names
+// the node (see package snaphandle).
+func (d *Driver) snapshotHandle(id string) string { return snaphandle.Format(id, d.cfg.NodeID) }
+
+// snapshotID is the pool's id of a snapshot handle, which may name no node
+// (handles made before podvol named nodes). A handle naming another node
+// is NOT_FOUND here: that node's pool has it.
+func (d *Driver) snapshotID(handle string) (string, error) {
+	id, node := snaphandle.Parse(handle)
+	if node != "" && node != d.cfg.NodeID {
+		return "", status.Errorf(codes.NotFound, "snapshot %q lives on node %s, not on this node (%s)", handle, node, d.cfg.NodeID)
+	}
+	return id, nil
+}
+
 func (d *Driver) csiSnapshot(s *store.Snapshot) *csi.Snapshot {
 	return &csi.Snapshot{
-		SnapshotId:     s.ID,
+		SnapshotId:     d.snapshotHandle(s.ID),
 		SourceVolumeId: s.SourceID,
 		SizeBytes:      s.SizeBytes,
 		CreationTime:   timestamppb.New(s.Created),
@@ -56,8 +72,14 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 	if err := checkVolumeID(req.GetSnapshotId()); err != nil {
 		return nil, invalid("snapshot id is required and must be well-formed")
 	}
-	defer d.locks.lock(req.GetSnapshotId())()
-	if err := d.cfg.Pool.DeleteSnapshot(req.GetSnapshotId()); err != nil {
+	id, err := d.snapshotID(req.GetSnapshotId())
+	if err != nil {
+		// Not "deleted": the snapshot is still on its node, and the
+		// call reached the wrong one.
+		return nil, status.Errorf(codes.FailedPrecondition, "%s: delete it through that node's plugin (label its VolumeSnapshotContent snapshot.storage.kubernetes.io/managed-by=<node>)", status.Convert(err).Message())
+	}
+	defer d.locks.lock(id)()
+	if err := d.cfg.Pool.DeleteSnapshot(id); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.DeleteSnapshotResponse{}, nil
@@ -67,7 +89,11 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 	if err := checkVolumeID(req.GetSnapshotId()); err != nil {
 		return nil, invalid("snapshot id is required and must be well-formed")
 	}
-	s, err := d.cfg.Pool.ReadySnapshot(req.GetSnapshotId())
+	id, err := d.snapshotID(req.GetSnapshotId())
+	if err != nil {
+		return nil, err
+	}
+	s, err := d.cfg.Pool.ReadySnapshot(id)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -84,7 +110,11 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 		return nil, status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
 	}
 	resp := &csi.ListSnapshotsResponse{}
-	if id := req.GetSnapshotId(); id != "" {
+	if h := req.GetSnapshotId(); h != "" {
+		id, err := d.snapshotID(h)
+		if err != nil {
+			return resp, nil
+		}
 		s, err := d.cfg.Pool.ReadySnapshot(id)
 		if errors.Is(err, pool.ErrNotFound) {
 			return resp, nil

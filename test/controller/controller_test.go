@@ -34,6 +34,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/clonelifecycle"
 	"github.com/podvol/podvol/internal/controller/ephemeral"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
+	"github.com/podvol/podvol/internal/controller/snapshotimport"
 	"github.com/podvol/podvol/test/kubetest"
 )
 
@@ -49,19 +50,27 @@ func TestMain(m *testing.M) {
 }
 
 func gatewayCRDs(t *testing.T) string {
-	out, err := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/gateway-api@v1.6.3").Output()
+	return filepath.Join(moduleDir(t, "sigs.k8s.io/gateway-api@v1.6.3"), "config", "crd", "standard")
+}
+
+func snapshotCRDs(t *testing.T) string {
+	return filepath.Join(moduleDir(t, "github.com/kubernetes-csi/external-snapshotter/client/v8@v8.7.0"), "config", "crd")
+}
+
+func moduleDir(t *testing.T, module string) string {
+	out, err := exec.Command("go", "mod", "download", "-json", module).Output()
 	if err != nil {
-		t.Fatalf("download gateway-api for its ReferenceGrant CRD: %v", err)
+		t.Fatalf("download %s for its CRDs: %v", module, err)
 	}
 	var m struct{ Dir string }
 	_ = json.Unmarshal(out, &m)
-	return filepath.Join(m.Dir, "config", "crd", "standard")
+	return m.Dir
 }
 
 // start runs an API server and podvol-controller's reconcilers in a
 // manager: all of them, or only those named.
 func start(t *testing.T, only ...string) *env {
-	api := kubetest.StartWith(t, kubetest.Options{CRDDirs: []string{gatewayCRDs(t)}, FeatureGates: "CrossNamespaceVolumeDataSource=true",
+	api := kubetest.StartWith(t, kubetest.Options{CRDDirs: []string{gatewayCRDs(t), snapshotCRDs(t)}, FeatureGates: "CrossNamespaceVolumeDataSource=true",
 		// The protection finalizers are removed by kube-controller-manager,
 		// which does not run here.
 		Flags: map[string]string{"disable-admission-plugins": "StorageObjectInUseProtection"}})
@@ -76,6 +85,7 @@ func start(t *testing.T, only ...string) *env {
 		"ephemeral-volume": &ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec},
 		"clone-lifecycle":  &clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec},
 		"node-loss":        &nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
+		"snapshot-import":  &snapshotimport.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
 	} {
 		if len(only) > 0 && !slices.Contains(only, name) {
 			continue

@@ -1,0 +1,127 @@
+// Package snapshotimport routes imported snapshots to their node. podvol's
+// snapshots live in one node's pool, and each node's csi-snapshotter
+// (--node-deployment) takes only the VolumeSnapshotContents labelled with its
+// node. snapshot-controller labels the contents it creates for a
+// VolumeSnapshot, but a content an admin creates for an existing snapshot
+// handle (a pre-provisioned snapshot: an import, a restore from a retained
+// content) carries no label, and no sidecar would ever process it. podvol's
+// snapshot handles name their node (package snaphandle): this controller
+// reads it and labels such contents.
+package snapshotimport
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/podvol/podvol/internal/snaphandle"
+)
+
+// ManagedBy is the label by which a node's csi-snapshotter picks its
+// contents (external-snapshotter's distributed snapshotting).
+const ManagedBy = "snapshot.storage.kubernetes.io/managed-by"
+
+// Event reasons.
+const (
+	ReasonRouted      = "SnapshotRoutedToNode"
+	ReasonNoNode      = "SnapshotNodeUnknown"
+	ReasonNodeMissing = "SnapshotNodeMissing"
+)
+
+// ContentGVK is the kind this controller labels.
+var ContentGVK = schema.GroupVersionKind{Group: "snapshot.storage.k8s.io", Version: "v1", Kind: "VolumeSnapshotContent"}
+
+// Reconciler labels Driver's imported VolumeSnapshotContents.
+type Reconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	Driver   string
+}
+
+func content() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(ContentGVK)
+	return u
+}
+
+// SetupWithManager watches VolumeSnapshotContents. A cluster without the
+// snapshot CRDs has no snapshots to route: the controller then stays idle
+// (restart podvol-controller after installing them).
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if _, err := mgr.GetRESTMapper().RESTMapping(ContentGVK.GroupKind(), ContentGVK.Version); meta.IsNoMatchError(err) {
+		mgr.GetLogger().Info("VolumeSnapshotContent is not served (snapshot CRDs not installed): snapshot-import is idle until podvol-controller restarts after they are")
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("look up %s: %w", ContentGVK, err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("snapshot-import").
+		For(content(), builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			u, ok := o.(*unstructured.Unstructured)
+			if !ok {
+				return false
+			}
+			_, ok = unrouted(u, r.Driver)
+			return ok
+		}))).
+		Complete(r)
+}
+
+// unrouted tells whether a content is one of ours that no node takes yet.
+func unrouted(u *unstructured.Unstructured, driver string) (handle string, ok bool) {
+	d, _, _ := unstructured.NestedString(u.Object, "spec", "driver")
+	handle, _, _ = unstructured.NestedString(u.Object, "spec", "source", "snapshotHandle")
+	return handle, d == driver && handle != "" && u.GetLabels()[ManagedBy] == "" && u.GetDeletionTimestamp() == nil
+}
+
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	u := content()
+	if err := r.Client.Get(ctx, req.NamespacedName, u); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	handle, ok := unrouted(u, r.Driver)
+	if !ok {
+		return reconcile.Result{}, nil
+	}
+	_, node := snaphandle.Parse(handle)
+	if node == "" {
+		r.Recorder.Eventf(u, nil, corev1.EventTypeWarning, ReasonNoNode, "Route",
+			"snapshot handle %q names no node (made before podvol named nodes in handles), so podvol cannot tell which node's pool holds it: label this content %s=<that node> and its node's csi-snapshotter will take it", handle, ManagedBy)
+		return reconcile.Result{}, nil
+	}
+	patch := client.MergeFrom(u.DeepCopy())
+	labels := u.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[ManagedBy] = node
+	u.SetLabels(labels)
+	if err := r.Client.Patch(ctx, u, patch); err != nil {
+		return reconcile.Result{}, fmt.Errorf("label VolumeSnapshotContent %s %s=%s: %w", u.GetName(), ManagedBy, node, err)
+	}
+	log.FromContext(ctx).Info("Routed an imported snapshot to its node", "content", u.GetName(), "handle", handle, "node", node)
+	var n corev1.Node
+	switch err := r.Client.Get(ctx, client.ObjectKey{Name: node}, &n); {
+	case apierrors.IsNotFound(err):
+		r.Recorder.Eventf(u, nil, corev1.EventTypeWarning, ReasonNodeMissing, "Route",
+			"snapshot handle %q lives on node %s, which is not in the cluster: the content stays unprocessed until that node (and its pool) is back", handle, node)
+	case err != nil:
+		return reconcile.Result{}, err
+	default:
+		r.Recorder.Eventf(u, nil, corev1.EventTypeNormal, ReasonRouted, "Route",
+			"snapshot handle %q lives on node %s: labelled %s=%s for that node's csi-snapshotter", handle, node, ManagedBy, node)
+	}
+	return reconcile.Result{}, nil
+}

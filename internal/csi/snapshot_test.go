@@ -1,0 +1,77 @@
+package csi
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/podvol/podvol/internal/snaphandle"
+)
+
+// A snapshot's handle names its node, so that an imported
+// VolumeSnapshotContent can be routed to it; this node answers for its own
+// handles and for handles that name no node, and never for another node's:
+// a delete there is refused rather than reported done.
+func TestSnapshotHandlesNameTheirNode(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	id, _ := f.createStaged(nil)
+	s, err := f.d.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap", SourceVolumeId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.GetSnapshot().GetSnapshotId()
+	poolID, node := snaphandle.Parse(h)
+	if node != "node-1" {
+		t.Fatalf("snapshot handle %q names node %q, want node-1", h, node)
+	}
+	for _, handle := range []string{h, poolID} {
+		g, err := f.d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: handle})
+		if err != nil || g.GetSnapshot().GetSnapshotId() != h {
+			t.Fatalf("GetSnapshot(%q): %v, %v", handle, g, err)
+		}
+		l, err := f.d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: handle})
+		if err != nil || len(l.GetEntries()) != 1 || l.GetEntries()[0].GetSnapshot().GetSnapshotId() != h {
+			t.Fatalf("ListSnapshots(%q): %v, %v", handle, l, err)
+		}
+	}
+	restored, err := f.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "restored", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{rwop()}, VolumeContentSource: fromSnapshot(h)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := restored.GetVolume().GetContentSource().GetSnapshot().GetSnapshotId(); got != h {
+		t.Fatalf("restored volume's source: %q, want %q", got, h)
+	}
+
+	elsewhere := snaphandle.Format(poolID, "node-2")
+	_, err = f.d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: elsewhere})
+	wantCode(t, err, codes.NotFound, "GetSnapshot of node-2's handle")
+	if l, err := f.d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: elsewhere}); err != nil || len(l.GetEntries()) != 0 {
+		t.Fatalf("ListSnapshots of node-2's handle: %v, %v", l, err)
+	}
+	_, err = f.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "from-elsewhere", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{rwop()}, VolumeContentSource: fromSnapshot(elsewhere)})
+	wantCode(t, err, codes.NotFound, "restore from node-2's handle")
+	_, err = f.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: elsewhere})
+	wantCode(t, err, codes.FailedPrecondition, "delete of node-2's handle")
+	if !strings.Contains(err.Error(), "node-2") {
+		t.Fatalf("the refusal does not say where the snapshot is: %v", err)
+	}
+	// Same pool id, another node: this node's snapshot was not touched.
+	if _, err := f.d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: h}); err != nil {
+		t.Fatalf("this node's snapshot after a delete of node-2's handle: %v", err)
+	}
+	if _, err := f.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: h}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: h})
+	wantCode(t, err, codes.NotFound, "GetSnapshot after delete")
+}
+
+func fromSnapshot(id string) *csi.VolumeContentSource {
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
+}
