@@ -107,7 +107,7 @@ func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers,
 		case "clone-lifecycle":
 			err = (&clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec, StashNamespace: leaseNS}).SetupWithManager(mgr)
 		case "node-loss":
-			err = (&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver, Grace: grace}).SetupWithManager(mgr)
+			err = (&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver, Grace: grace, Namespace: leaseNS}).SetupWithManager(mgr)
 		case "admission-params":
 			if leaseNS == "" {
 				return fmt.Errorf("admission-params writes ConfigMap %s in podvol's namespace: set POD_NAMESPACE or --leader-election-namespace", admissionParams)

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/podvol/podvol/internal/controller/nodeloss"
@@ -347,4 +348,68 @@ func TestNodeLossRemoveFinalizers(t *testing.T) {
 	if n, err := nodeloss.RemoveFinalizers(bg, e.c, 0); err != nil || n != 0 {
 		t.Fatalf("again: removed from %d nodes: %v", n, err)
 	}
+}
+
+// The volumes released from a lost node are written down (in podvol's
+// namespace) before they are released; when the node comes back, an event on
+// it and the metric podvol_node_loss_released_volumes say its pool may still
+// hold their images, until the admin deletes the record.
+func TestNodeLossRecordsReleasedVolumes(t *testing.T) {
+	nodeloss.RecordsResync = 200 * time.Millisecond
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace = time.Second; r.Namespace = "podvol-system" })
+	e.ns("podvol-system")
+	ns := e.ns("records")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+	e.boundOn(ns, "data-db-0", "podvol", "n1")
+	e.boundOn(ns, "data-db-1", "podvol", "n1")
+	e.must(e.c.Delete(bg, n))
+	e.eventually("the lost node's volumes released", func() bool { return !e.pvExists("pv-data-db-0") && !e.pvExists("pv-data-db-1") && e.gone("n1") })
+
+	cm := &corev1.ConfigMap{}
+	e.must(e.c.Get(bg, client.ObjectKey{Namespace: "podvol-system", Name: nodeloss.ReleasedRecordName("n1")}, cm))
+	if len(cm.Data) != 2 || !strings.Contains(cm.Data["pv-data-db-0"], "volumeHandle=pv-data-db-0 claim="+ns+"/data-db-0") {
+		t.Fatalf("record of the released volumes: %v", cm.Data)
+	}
+	if v, ok := releasedGauge(t, "n1"); ok {
+		t.Fatalf("podvol_node_loss_released_volumes{node=n1} = %v while the node is gone", v)
+	}
+
+	// The node comes back (its kubelet registers the Node again, podvol's
+	// plugin its CSINode).
+	e.must(e.c.Delete(bg, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}))
+	e.eventually("the old CSINode gone", func() bool {
+		return apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Name: "n1"}, &storagev1.CSINode{}))
+	})
+	e.node("n1", "podvol.io")
+	e.eventually("an event on the node that is back", func() bool {
+		return strings.Contains(e.events(metav1.NamespaceDefault, "n1"), nodeloss.ReasonReleasedVolumes+": 2 volume(s) were released while this node was lost (PVs pv-data-db-0, pv-data-db-1)")
+	})
+	e.eventually("the metric counting them", func() bool { v, ok := releasedGauge(t, "n1"); return ok && v == 2 })
+
+	// Reclaimed: the admin deletes the record.
+	e.must(e.c.Delete(bg, cm))
+	e.eventually("the metric gone with the record", func() bool { _, ok := releasedGauge(t, "n1"); return !ok })
+}
+
+func releasedGauge(t *testing.T, node string) (float64, bool) {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "podvol_node_loss_released_volumes" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "node" && l.GetValue() == node {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+	}
+	return 0, false
 }

@@ -112,9 +112,13 @@ type Reconciler struct {
 	// Grace is how long the Lease of a deleted Node must stay unrenewed
 	// before its volumes are released (DefaultGrace if zero).
 	Grace time.Duration
+	// Namespace holds the records of released volumes (podvol's own
+	// namespace, where tenants cannot write); "" keeps none.
+	Namespace string
 
 	mu       sync.Mutex
 	watching map[string]*leaseWatch // deleted Nodes by name
+	gauged   map[string]bool        // nodes with a podvol_node_loss_released_volumes value
 }
 
 // SetupWithManager watches Nodes and CSINodes.
@@ -127,6 +131,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	sameName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
 	})
+	if r.Namespace != "" {
+		if err := mgr.Add(r.gaugeRunnable()); err != nil {
+			return err
+		}
+	}
 	return ctrl.NewControllerManagedBy(mgr).Named("node-loss").For(&corev1.Node{}).
 		Watches(&storagev1.CSINode{}, sameName).Complete(r)
 }
@@ -218,6 +227,7 @@ func (r *Reconciler) holdIfPodvol(ctx context.Context, node *corev1.Node) error 
 			return fmt.Errorf("add finalizer %s to node %s, which runs %s: %w", Finalizer, node.Name, r.Driver, err)
 		}
 		log.FromContext(ctx).Info("Holding a node that runs podvol until its volumes are dealt with", "node", node.Name)
+		r.announceReturn(ctx, node)
 	case !runs && has:
 		// Confirm past the cache that the Node is not being deleted: a
 		// foreground deletion deletes its CSINode (owned by the Node)
@@ -460,6 +470,7 @@ func (r *Reconciler) release(ctx context.Context, nodeName string) error {
 		return err
 	}
 	classes := map[string]bool{} // StorageClass name -> release
+	var released []*corev1.PersistentVolume
 	for _, pv := range pvs {
 		release, ok := classes[pv.Spec.StorageClassName]
 		if !ok {
@@ -471,9 +482,16 @@ func (r *Reconciler) release(ctx context.Context, nodeName string) error {
 			release = apierrors.IsNotFound(err) || sc.Parameters[OptOut] != "false"
 			classes[pv.Spec.StorageClassName] = release
 		}
-		if !release {
-			continue
+		if release {
+			released = append(released, pv)
 		}
+	}
+	// Written down before anything is released: a crash in between
+	// leaves a record of volumes not yet released, never the reverse.
+	if err := r.recordReleased(ctx, nodeName, released); err != nil {
+		return err
+	}
+	for _, pv := range released {
 		if err := r.releasePV(ctx, pv, nodeName); err != nil {
 			return err
 		}
