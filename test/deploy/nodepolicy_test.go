@@ -202,6 +202,7 @@ func vsc(name, node string) *unstructured.Unstructured {
 func TestNode(t *testing.T) {
 	e := start(t)
 	t.Run("RBAC", e.testRBAC)
+	t.Run("ControllerRBAC", e.testControllerRBAC)
 	t.Run("PoliciesActive", e.waitForPolicies)
 	t.Run("PersistentVolumes", e.testPersistentVolumes)
 	t.Run("Claims", e.testClaims)

@@ -103,12 +103,52 @@ func notNeeded() []access {
 	return a
 }
 
+// controllerNeeded are the calls of podvol-controller's pod whose grants
+// are narrowed to names or namespaces (the rest of rbac-controller.yaml is
+// cluster-wide by nature: see its comments).
+func controllerNeeded() []access {
+	var a []access
+	add := func(x ...access) { a = append(a, x...) }
+	add(verbs("leader election", "coordination.k8s.io", "leases", "", namespace, "create")...)
+	for _, lease := range []string{"podvol-controller", "snapshot-controller-leader"} {
+		for _, v := range []string{"get", "update"} {
+			add(access{verb: v, group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: lease, who: "leader election"})
+		}
+	}
+	add(access{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "node-a", who: "node-loss"})
+	add(verbs("clone-lifecycle, admission-params, node-loss", "", "configmaps", "", namespace, "get", "list", "create", "patch", "delete")...)
+	return a
+}
+
+// controllerNotNeeded: what podvol-controller's pod was granted before and
+// does not call.
+func controllerNotNeeded() []access {
+	var a []access
+	add := func(x ...access) { a = append(a, x...) }
+	add(verbs("", "coordination.k8s.io", "leases", "", namespace, "list", "watch", "delete")...)
+	for _, v := range []string{"get", "update"} {
+		add(access{verb: v, group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "external-resizer-podvol-io"})
+	}
+	add(verbs("", "coordination.k8s.io", "leases", "", "kube-node-lease", "list", "update", "delete")...)
+	add(verbs("", "", "configmaps", "", "tenant", "list", "create", "patch", "delete")...)
+	add(verbs("", "", "secrets", "", "tenant", "get", "list")...)
+	add(verbs("", "", "secrets", "", namespace, "get", "list")...)
+	return a
+}
+
 // testRBAC: podvol-node's roles allow every call the DaemonSet makes, and
 // none of those nothing makes.
-func (e *env) testRBAC(t *testing.T) {
+func (e *env) testRBAC(t *testing.T) { e.checkRBAC(t, saUser, "podvol-node", needed(), notNeeded()) }
+
+// testControllerRBAC: likewise for podvol-controller's narrowed grants.
+func (e *env) testControllerRBAC(t *testing.T) {
+	e.checkRBAC(t, "system:serviceaccount:"+namespace+":podvol-controller", "podvol-controller", controllerNeeded(), controllerNotNeeded())
+}
+
+func (e *env) checkRBAC(t *testing.T, user, name string, need, notNeed []access) {
 	may := func(a access) bool {
 		r, err := e.admin.kc.AuthorizationV1().SubjectAccessReviews().Create(bg, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:   saUser,
+			User:   user,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
 			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource,
 				Subresource: a.subresource, Namespace: a.namespace, Name: a.name},
@@ -118,14 +158,14 @@ func (e *env) testRBAC(t *testing.T) {
 		}
 		return r.Status.Allowed
 	}
-	for _, a := range needed() {
+	for _, a := range need {
 		if !may(a) {
-			t.Errorf("podvol-node may not %s, which %s calls", a, a.who)
+			t.Errorf("%s may not %s, which %s calls", name, a, a.who)
 		}
 	}
-	for _, a := range notNeeded() {
+	for _, a := range notNeed {
 		if may(a) {
-			t.Errorf("podvol-node may %s, which nothing in the node DaemonSet calls", a)
+			t.Errorf("%s may %s, which nothing in its pod calls", name, a)
 		}
 	}
 }
