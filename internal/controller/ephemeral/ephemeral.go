@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	claims "k8s.io/component-helpers/storage/ephemeral"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -39,9 +40,6 @@ var (
 )
 
 func init() { metrics.Registry.MustRegister(createTotal, createFailures) }
-
-// ClaimName is the PVC of a pod's ephemeral volume: <pod>-<volume>.
-func ClaimName(pod *corev1.Pod, vol *corev1.Volume) string { return pod.Name + "-" + vol.Name }
 
 // Reconciler creates the PVCs of pods' ephemeral volumes.
 type Reconciler struct {
@@ -69,7 +67,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		var names []string
 		for i := range pod.Spec.Volumes {
 			if v := &pod.Spec.Volumes[i]; v.Ephemeral != nil {
-				names = append(names, ClaimName(pod, v))
+				names = append(names, claims.VolumeClaimName(pod, v))
 			}
 		}
 		return names
@@ -123,7 +121,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 func (r *Reconciler) ensureClaim(ctx context.Context, pod *corev1.Pod, vol *corev1.Volume) error {
-	name := ClaimName(pod, vol)
+	name := claims.VolumeClaimName(pod, vol)
 	existing := &corev1.PersistentVolumeClaim{}
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, existing)
 	if err == nil {
@@ -180,8 +178,8 @@ func (r *Reconciler) ensureClaim(ctx context.Context, pod *corev1.Pod, vol *core
 // checkOwner warns on the pod when its PVC's name is taken by a PVC it does
 // not control: that PVC is never taken over, and the pod stays pending.
 func (r *Reconciler) checkOwner(pod *corev1.Pod, pvc *corev1.PersistentVolumeClaim) {
-	if !metav1.IsControlledBy(pvc, pod) {
-		r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "FailedBinding", "CreatePVC",
-			"PVC %s/%s was not created for pod %s/%s (pod is not owner): rename the volume or remove that PVC", pvc.Namespace, pvc.Name, pod.Namespace, pod.Name)
+	// The same check, and message, as kubelet and kube-scheduler make.
+	if err := claims.VolumeIsForPod(pod, pvc); err != nil {
+		r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "FailedBinding", "CreatePVC", "%s: rename the volume or remove that PVC", err)
 	}
 }
