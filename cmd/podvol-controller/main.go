@@ -24,6 +24,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/ephemeral"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
+	"github.com/podvol/podvol/internal/names"
 )
 
 var version = "dev"
@@ -39,7 +40,7 @@ func main() {
 		leaderElect = flag.Bool("leader-elect", true, "run one active instance (a Lease in --leader-election-namespace)")
 		leaseNS     = flag.String("leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader election Lease")
 		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import", "controllers to run")
-		driver      = flag.String("driver", "podvol.io", "CSI driver whose volumes node-loss releases and whose StorageClasses the admission policies check")
+		driver      = flag.String("driver", names.Driver, "CSI driver whose volumes node-loss releases and whose StorageClasses the admission policies check")
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
 			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released; a renewal seen after the deletion means the node lives, and nothing is released")
 		removeFinalizers = flag.Bool("remove-finalizers", false,

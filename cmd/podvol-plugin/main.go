@@ -24,6 +24,7 @@ import (
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/metrics"
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/registration"
@@ -35,7 +36,7 @@ var version = "dev"
 func main() {
 	var (
 		endpoint    = flag.String("endpoint", "unix:///run/podvol/csi.sock", "CSI endpoint: unix:///path/to/csi.sock")
-		nodeID      = flag.String("node-id", "", "name of this node (required); volumes carry it as topology "+csi.TopologyKey)
+		nodeID      = flag.String("node-id", "", "name of this node (required); volumes carry it as topology "+names.TopologyKey)
 		poolDir     = flag.String("pool-dir", "/var/lib/podvol", "directory holding volume images and the metadata store")
 		capacity    = flag.String("capacity", "", "pool capacity, e.g. 20Gi; default: the size of the filesystem holding --pool-dir")
 		metricsAddr = flag.String("metrics-address", "", "address for /metrics and /healthz, e.g. 127.0.0.1:9808; empty: off")
@@ -54,7 +55,7 @@ func main() {
 	klog.InitFlags(nil)
 	flag.Parse()
 	if *showVersion {
-		fmt.Println(csi.DriverName, version)
+		fmt.Println(names.Driver, version)
 		return
 	}
 	cfg := config{endpoint: *endpoint, nodeID: *nodeID, poolDir: *poolDir, capacity: *capacity, metricsAddr: *metricsAddr,
@@ -182,7 +183,7 @@ func run(c config) error {
 			path = strings.TrimPrefix(c.endpoint, "unix://")
 		}
 		go func() {
-			if err := registration.Serve(ctx, c.regDir, csi.DriverName, path); err != nil {
+			if err := registration.Serve(ctx, c.regDir, names.Driver, path); err != nil {
 				klog.ErrorS(err, "Kubelet plugin registration failed: pods on this node cannot use podvol volumes")
 				stop()
 			}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
@@ -64,7 +65,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, err
 	}
 	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
-		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): podvol provisions only on the node that runs this plugin", TopologyKey, d.cfg.NodeID)
+		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): podvol provisions only on the node that runs this plugin", names.TopologyKey, d.cfg.NodeID)
 	}
 
 	defer d.locks.lock("name/" + name)()
@@ -84,7 +85,7 @@ func (d *Driver) csiVolume(v *store.Volume) *csi.Volume {
 	cv := &csi.Volume{
 		VolumeId:           v.ID,
 		CapacityBytes:      v.SizeBytes,
-		VolumeContext:      map[string]string{ParamFsType: v.FsType},
+		VolumeContext:      map[string]string{names.ParamFsType: v.FsType},
 		AccessibleTopology: []*csi.Topology{d.topology()},
 	}
 	switch src := v.Source; {
@@ -254,7 +255,7 @@ func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGet
 // GetCapacity reports what is left of this node's pool; other topology
 // segments have nothing here.
 func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	if t := req.GetAccessibleTopology(); t != nil && t.GetSegments()[TopologyKey] != d.cfg.NodeID {
+	if t := req.GetAccessibleTopology(); t != nil && t.GetSegments()[names.TopologyKey] != d.cfg.NodeID {
 		return &csi.GetCapacityResponse{}, nil
 	}
 	for _, c := range req.GetVolumeCapabilities() {

@@ -14,15 +14,9 @@ import (
 
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/inline"
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
-)
-
-const (
-	// DriverName is the CSI driver name podvol registers.
-	DriverName = "podvol.io"
-	// TopologyKey carries the node a volume lives on.
-	TopologyKey = "topology.podvol.io/node"
 )
 
 // Config is what the CSI services need.
@@ -58,7 +52,7 @@ func New(cfg Config) *Driver { return &Driver{cfg: cfg} }
 func (d *Driver) Lock(key string) func() { return d.locks.lock(key) }
 
 func (d *Driver) topology() *csi.Topology {
-	return &csi.Topology{Segments: map[string]string{TopologyKey: d.cfg.NodeID}}
+	return &csi.Topology{Segments: map[string]string{names.TopologyKey: d.cfg.NodeID}}
 }
 
 // toStatus maps an error from the layers below to a CSI status code.

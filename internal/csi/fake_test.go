@@ -14,6 +14,7 @@ import (
 	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/inline"
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
 )
@@ -97,7 +98,7 @@ func (f *fakeNode) createStaged(params map[string]string) (id, staging string) {
 func TestSnapshotOfAnAssignedVolume(t *testing.T) {
 	ctx := context.Background()
 	f := newFakeNodeReflink(t, true)
-	id, staging := f.createStaged(map[string]string{ParamDirectAssign: "always"})
+	id, staging := f.createStaged(map[string]string{names.ParamDirectAssign: "always"})
 	target := filepath.Join(f.dir("pods/a"), "mount")
 	_, err := f.d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwop()})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/podvol/podvol/internal/inline"
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -76,7 +77,7 @@ func (d *Driver) publishInline(ctx context.Context, req *csi.NodePublishVolumeRe
 			return err
 		}
 	}
-	fsType, err := fsTypeFor([]*csi.VolumeCapability{c}, map[string]string{ParamFsType: attrs[AttrFsType]})
+	fsType, err := fsTypeFor([]*csi.VolumeCapability{c}, map[string]string{names.ParamFsType: attrs[AttrFsType]})
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 )
 
@@ -102,7 +103,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err != nil {
 		return nil, err
 	}
-	direct, err := d.directAssign(ctx, v.Parameters[ParamDirectAssign], req.GetVolumeContext())
+	direct, err := d.directAssign(ctx, v.Parameters[names.ParamDirectAssign], req.GetVolumeContext())
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +118,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		Direct:      direct,
 		FsGroup:     c.GetMount().GetVolumeMountGroup(),
 
-		FsGroupChangePolicy: v.Parameters[ParamFsGroupChangePolicy],
+		FsGroupChangePolicy: v.Parameters[names.ParamFsGroupChangePolicy],
 	})
 	if err != nil {
 		return nil, toStatus(err)

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // Observer is told of every finished call (metrics).
@@ -43,7 +45,7 @@ func Serve(ctx context.Context, endpoint string, d *Driver, observe Observer) er
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
 	csi.RegisterNodeServer(srv, d)
-	klog.InfoS("Serving CSI", "endpoint", endpoint, "driver", DriverName, "node", d.cfg.NodeID)
+	klog.InfoS("Serving CSI", "endpoint", endpoint, "driver", names.Driver, "node", d.cfg.NodeID)
 
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lis) }()

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/snaphandle"
 	"github.com/podvol/podvol/internal/store"
@@ -52,12 +53,12 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		return nil, invalid("source volume id: %s", status.Convert(err).Message())
 	}
 	if len(req.GetParameters()) > 0 {
-		if _, err := volumeParameters(req.GetParameters()); err != nil || req.GetParameters()[ParamFsType] != "" {
+		if _, err := volumeParameters(req.GetParameters()); err != nil || req.GetParameters()[names.ParamFsType] != "" {
 			return nil, invalid("snapshots take no parameters besides %s* keys", sidecarPrefix)
 		}
 	}
 	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
-		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): a snapshot lives beside its volume", TopologyKey, d.cfg.NodeID)
+		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): a snapshot lives beside its volume", names.TopologyKey, d.cfg.NodeID)
 	}
 	defer d.locks.lock("snapshot/" + req.GetName())()
 	defer d.locks.lock(req.GetSourceVolumeId())()

@@ -16,29 +16,20 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 )
 
 const maxPathLength = 4096
 
-// Parameter keys a StorageClass may set. Keys under csi.storage.k8s.io/ are
-// added by the sidecars (PVC name and namespace) and are ignored.
-const (
-	ParamFsType              = "fsType"
-	ParamDirectAssign        = "directAssign"
-	ParamFsGroupChangePolicy = "fsGroupChangePolicy"
-	// ParamReleaseOnNodeLoss is read by podvol-controller: "false" keeps
-	// the volumes of a deleted node.
-	ParamReleaseOnNodeLoss = "releaseOnNodeLoss"
-)
-
-var allowedParams = []string{ParamFsType, ParamDirectAssign, ParamFsGroupChangePolicy, ParamReleaseOnNodeLoss}
+// allowedParams are the StorageClass parameters podvol reads.
+var allowedParams = []string{names.ParamFsType, names.ParamDirectAssign, names.ParamFsGroupChangePolicy, names.ParamReleaseOnNodeLoss}
 
 // allowedValues restricts parameters whose values are a fixed set.
 var allowedValues = map[string][]string{
-	ParamDirectAssign:        {"never", "always", "auto"},
-	ParamFsGroupChangePolicy: {"Always", "OnRootMismatch"},
-	ParamReleaseOnNodeLoss:   {"true", "false"},
+	names.ParamDirectAssign:        {"never", "always", "auto"},
+	names.ParamFsGroupChangePolicy: {"Always", "OnRootMismatch"},
+	names.ParamReleaseOnNodeLoss:   {"true", "false"},
 }
 
 const sidecarPrefix = "csi.storage.k8s.io/"
@@ -137,7 +128,7 @@ func fsTypeFor(caps []*csi.VolumeCapability, params map[string]string) (string, 
 			fs = m.GetFsType()
 		}
 	}
-	if p := params[ParamFsType]; p != "" {
+	if p := params[names.ParamFsType]; p != "" {
 		if !device.Filesystems[p] {
 			return "", invalid("parameter fsType=%q is not supported (supported: ext4, xfs)", p)
 		}
@@ -344,7 +335,7 @@ func (d *Driver) topologyAllows(req *csi.TopologyRequirement) bool {
 		return true
 	}
 	for _, t := range req.GetRequisite() {
-		if t.GetSegments()[TopologyKey] == d.cfg.NodeID {
+		if t.GetSegments()[names.TopologyKey] == d.cfg.NodeID {
 			return true
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 )
 
@@ -83,7 +84,7 @@ func TestVolumeParameters(t *testing.T) {
 
 func TestTopologyAllows(t *testing.T) {
 	d := &Driver{cfg: Config{NodeID: "n1"}}
-	seg := func(n string) *csi.Topology { return &csi.Topology{Segments: map[string]string{TopologyKey: n}} }
+	seg := func(n string) *csi.Topology { return &csi.Topology{Segments: map[string]string{names.TopologyKey: n}} }
 	cases := []struct {
 		req  *csi.TopologyRequirement
 		want bool

@@ -35,6 +35,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/ephemeral"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/test/kubetest"
 )
 
@@ -434,7 +435,7 @@ func (e *env) boundOn(ns, name, class, onNode string) {
 			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: name, UID: pvc.UID},
 			PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "podvol.io", VolumeHandle: "pv-" + name}},
 			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: nodeloss.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{onNode}}}}}}},
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: names.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{onNode}}}}}}},
 		},
 	}
 	e.must(e.c.Create(bg, pv))

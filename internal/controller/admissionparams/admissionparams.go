@@ -24,6 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // Keys of the parameter ConfigMap this controller owns. Other keys (the
@@ -79,7 +81,7 @@ func Facts(classes []storagev1.StorageClass, driver string) map[string]string {
 			continue
 		}
 		all = append(all, sc.Name)
-		if d := sc.Parameters["directAssign"]; d == "always" || d == "auto" {
+		if d := sc.Parameters[names.ParamDirectAssign]; d == "always" || d == "auto" {
 			direct = append(direct, sc.Name)
 		}
 		if sc.Annotations[defaultClassAnnotation] == "true" {

@@ -62,16 +62,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // Finalizer keeps a deleted Node until its volumes are released.
 const Finalizer = "podvol.io/release-local-volumes"
-
-// OptOut is the StorageClass parameter that keeps volumes of lost nodes.
-const OptOut = "releaseOnNodeLoss"
-
-// TopologyKey is the node-affinity key of podvol volumes.
-const TopologyKey = "topology.podvol.io/node"
 
 // DefaultGrace is how long a deleted Node's Lease must go unrenewed before
 // its volumes are released. The kubelet renews every 10 s (a quarter of its
@@ -479,7 +475,7 @@ func (r *Reconciler) release(ctx context.Context, nodeName string) error {
 			if err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("read StorageClass %s of PV %s: %w", pv.Spec.StorageClassName, pv.Name, err)
 			}
-			release = apierrors.IsNotFound(err) || sc.Parameters[OptOut] != "false"
+			release = apierrors.IsNotFound(err) || sc.Parameters[names.ParamReleaseOnNodeLoss] != "false"
 			classes[pv.Spec.StorageClassName] = release
 		}
 		if release {
@@ -553,7 +549,7 @@ func onNode(pv *corev1.PersistentVolume, node string) bool {
 	}
 	for _, t := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
 		for _, e := range t.MatchExpressions {
-			if e.Key == TopologyKey && e.Operator == corev1.NodeSelectorOpIn && slices.Contains(e.Values, node) {
+			if e.Key == names.TopologyKey && e.Operator == corev1.NodeSelectorOpIn && slices.Contains(e.Values, node) {
 				return true
 			}
 		}
