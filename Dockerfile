@@ -1,14 +1,26 @@
-# The podvol-plugin image, built elsewhere (the dev cluster builds the same
-# image without Docker: internal/devcluster/images.go). It carries the tools
-# the plugin runs: mount, blkid, mkfs/fsck/resize for ext4 and xfs.
+# podvol's two images, built elsewhere (the dev cluster builds the same images
+# without Docker: internal/devcluster/images.go):
+#   docker build --target podvol-controller -t <registry>/podvol-controller:<tag> .
+#   docker build --target podvol-plugin     -t <registry>/podvol-plugin:<tag> .
+# The plugin image carries the tools the plugin runs: mount, blkid,
+# mkfs/fsck/resize for ext4 and xfs. The controller is one static binary.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -ldflags "-s -w -X main.version=$(git describe --tags --always 2>/dev/null || echo dev)" -o /podvol-plugin ./cmd/podvol-plugin
+ARG VERSION=dev
+RUN for b in podvol-plugin podvol-controller; do \
+      CGO_ENABLED=0 go build -ldflags "-s -w -X main.version=${VERSION}" -o /$b ./cmd/$b || exit 1; \
+    done
 
-FROM debian:bookworm-slim
+FROM scratch AS podvol-controller
+COPY --from=build /podvol-controller /podvol-controller
+USER 65532:65532
+ENTRYPOINT ["/podvol-controller"]
+
+# Last, so that a plain `docker build .` builds the plugin, as it always has.
+FROM debian:bookworm-slim AS podvol-plugin
 RUN apt-get update \
  && apt-get install -y --no-install-recommends mount util-linux e2fsprogs xfsprogs \
  && rm -rf /var/lib/apt/lists/*

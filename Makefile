@@ -7,9 +7,11 @@ GO ?= go
 
 all: build
 
+# The three binaries, each with the version stamped in (--version prints it).
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-plugin ./cmd/podvol-plugin
-	$(GO) build -o bin/podvol-dev ./cmd/podvol-dev
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-controller ./cmd/podvol-controller
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-dev ./cmd/podvol-dev
 
 # Debian packages the tests and the dev cluster need (root).
 DEB_PACKAGES := e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git

@@ -27,6 +27,7 @@ import (
 	"github.com/podvol/podvol/internal/names"
 )
 
+// version is set at build time (-ldflags "-X main.version=...").
 var version = "dev"
 
 // admissionParams is the ConfigMap that deploy/base's admission policies read
@@ -43,11 +44,16 @@ func main() {
 		driver      = flag.String("driver", names.Driver, "CSI driver whose volumes node-loss releases and whose StorageClasses the admission policies check")
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
 			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released; a renewal seen after the deletion means the node lives, and nothing is released")
+		showVersion      = flag.Bool("version", false, "print the version and exit")
 		removeFinalizers = flag.Bool("remove-finalizers", false,
 			"uninstall: remove node-loss's finalizer from every Node (releasing nothing) and exit; scale deployment podvol-controller to 0 first, or it adds them again")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()
+	if *showVersion {
+		fmt.Println("podvol-controller", version)
+		return
+	}
 	ctrl.SetLogger(klog.NewKlogr())
 	var err error
 	switch {

@@ -19,14 +19,22 @@ import (
 	"github.com/podvol/podvol/internal/devcluster"
 )
 
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
 func main() {
 	dir := flag.String("dir", devcluster.DefaultDir(), "directory holding all of the cluster's state (PODVOL_DEV_DIR)")
 	pool := flag.String("pool-size", "20Gi", "size of the XFS image backing podvol's pool")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: podvol-dev [flags] up|demo|down\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if *showVersion {
+		fmt.Println("podvol-dev", version)
+		return
+	}
 	if flag.NArg() != 1 {
 		flag.Usage()
 		os.Exit(2)
