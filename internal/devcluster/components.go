@@ -204,6 +204,8 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.avail
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+# Volume stats every 10 s rather than every minute: tests read them.
+volumeStatsAggPeriod: 10s
 `, address, c.containerdSock(), pk, cert, pk, cert, pk, c.path("pod-logs"))
 	if err := os.WriteFile(c.path("kubelet-config.yaml"), []byte(conf), 0o644); err != nil {
 		return err

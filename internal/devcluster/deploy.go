@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/podvol/podvol/internal/versions"
 )
 
 // moduleDir returns where a Go module's source is, downloading it if needed:
@@ -28,14 +30,14 @@ func (c *Cluster) moduleDir(ctx context.Context, mod string) (string, error) {
 // module) and ReferenceGrant (gateway-api), which cross-namespace data
 // sources need.
 func (c *Cluster) crds(ctx context.Context) error {
-	snap, err := c.moduleDir(ctx, "github.com/kubernetes-csi/external-snapshotter/client/v8@v8.7.0")
+	snap, err := c.moduleDir(ctx, versions.SnapshotterClient)
 	if err != nil {
 		return err
 	}
 	if _, err := c.kubectl(ctx, "apply", "--server-side", "-k", filepath.Join(snap, "config", "crd")); err != nil {
 		return err
 	}
-	gw, err := c.moduleDir(ctx, "sigs.k8s.io/gateway-api@v1.6.3")
+	gw, err := c.moduleDir(ctx, versions.GatewayAPIModule)
 	if err != nil {
 		return err
 	}

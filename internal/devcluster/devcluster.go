@@ -9,8 +9,11 @@ package devcluster
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +22,7 @@ import (
 	"time"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/versions"
 )
 
 // Config says where and how big.
@@ -45,9 +49,7 @@ type Cluster struct {
 }
 
 const (
-	// Kubernetes is the version the cluster runs.
-	Kubernetes = "v1.37.2"
-	bridge     = "podvol0"
+	bridge = "podvol0"
 )
 
 // DefaultDir is where the cluster lives unless PODVOL_DEV_DIR says otherwise.
@@ -97,6 +99,38 @@ func (c *Cluster) Kubectl() string { return c.bins["kubectl"] }
 
 // PoolDir is podvol's pool on the host.
 func (c *Cluster) PoolDir() string { return c.path("pool") }
+
+// Kubelet GETs path from the kubelet's API (e.g. /stats/summary) as the
+// cluster's admin. The API server's node proxy refuses a loopback node
+// address, which the dev cluster's node has.
+func (c *Cluster) Kubelet(ctx context.Context, path string) ([]byte, error) {
+	pk := c.path("pki")
+	cert, err := tls.LoadX509KeyPair(filepath.Join(pk, "admin.crt"), filepath.Join(pk, "admin.key"))
+	if err != nil {
+		return nil, err
+	}
+	ca, err := os.ReadFile(filepath.Join(pk, "ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	cl := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots}}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://localhost:10250"+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("kubelet %s: %s: %s", path, resp.Status, b)
+	}
+	return b, err
+}
 
 // Running reports whether the cluster's API server runs.
 func (c *Cluster) Running() bool {
@@ -243,12 +277,7 @@ func (c *Cluster) buildBinaries(ctx context.Context) error {
 }
 
 // Images the cluster runs, by the name the deploy overlay uses.
-var sidecarImages = map[string]string{
-	"csi-provisioner":     "v6.4.0",
-	"csi-resizer":         "v2.3.0",
-	"csi-snapshotter":     "v8.7.0",
-	"snapshot-controller": "v8.7.0",
-}
+var sidecarImages = versions.Sidecars
 
 func (c *Cluster) buildImages() error {
 	busybox, err := exec.LookPath("busybox")

@@ -36,6 +36,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
 	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/versions"
 	"github.com/podvol/podvol/test/kubetest"
 )
 
@@ -51,11 +52,11 @@ func TestMain(m *testing.M) {
 }
 
 func gatewayCRDs(t *testing.T) string {
-	return filepath.Join(moduleDir(t, "sigs.k8s.io/gateway-api@v1.6.3"), "config", "crd", "standard")
+	return filepath.Join(moduleDir(t, versions.GatewayAPIModule), "config", "crd", "standard")
 }
 
 func snapshotCRDs(t *testing.T) string {
-	return filepath.Join(moduleDir(t, "github.com/kubernetes-csi/external-snapshotter/client/v8@v8.7.0"), "config", "crd")
+	return filepath.Join(moduleDir(t, versions.SnapshotterClient), "config", "crd")
 }
 
 func moduleDir(t *testing.T, module string) string {

@@ -37,6 +37,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/podvol/podvol/internal/versions"
 	"github.com/podvol/podvol/test/kubetest"
 )
 
@@ -66,7 +67,7 @@ func manifest(t *testing.T, env, name string) string {
 // snapshotCRDs is the snapshot CRDs' directory in external-snapshotter's
 // client module, the version deploy/base names.
 func snapshotCRDs(t *testing.T) string {
-	out, err := exec.Command("go", "mod", "download", "-json", "github.com/kubernetes-csi/external-snapshotter/client/v8@v8.7.0").Output()
+	out, err := exec.Command("go", "mod", "download", "-json", versions.SnapshotterClient).Output()
 	if err != nil {
 		t.Fatalf("download external-snapshotter's client module for the snapshot CRDs: %v", err)
 	}
@@ -80,7 +81,7 @@ func snapshotCRDs(t *testing.T) string {
 // referenceGrantCRD is gateway-api's ReferenceGrant CRD, which
 // external-provisioner watches with CrossNamespaceVolumeDataSource.
 func referenceGrantCRD(t *testing.T) string {
-	out, err := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/gateway-api@v1.6.3").Output()
+	out, err := exec.Command("go", "mod", "download", "-json", versions.GatewayAPIModule).Output()
 	if err != nil {
 		t.Fatalf("download gateway-api for its ReferenceGrant CRD: %v", err)
 	}

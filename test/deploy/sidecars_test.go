@@ -22,6 +22,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 
+	"github.com/podvol/podvol/internal/versions"
 	"github.com/podvol/podvol/test/plugintest"
 )
 
@@ -124,16 +125,16 @@ func TestSidecars(t *testing.T) {
 
 	// deploy/base/node.yaml's arguments, node-a's pod. Only the delay
 	// before an Immediate claim is taken is shortened (default 20s).
-	provisioner := e.run(t, "csi-provisioner", bin("csi-provisioner-v6.4.0"),
+	provisioner := e.run(t, "csi-provisioner", bin("csi-provisioner-"+versions.ExternalProvisioner),
 		[]string{"NODE_NAME=node-a", "NAMESPACE=" + namespace, "POD_NAME=podvol-node-node-a"},
 		csiAddress, "--kubeconfig="+nodeA, "--node-deployment", "--enable-capacity", "--capacity-ownerref-level=1",
 		"--extra-create-metadata", "--feature-gates=CrossNamespaceVolumeDataSource=true", "--timeout=120s",
 		"--node-deployment-base-delay=1s", "--node-deployment-max-delay=5s", "-v=4")
-	snapshotter := e.run(t, "csi-snapshotter", bin("csi-snapshotter-v8.7.0"), []string{"NODE_NAME=node-a"},
+	snapshotter := e.run(t, "csi-snapshotter", bin("csi-snapshotter-"+versions.ExternalSnapshotter), []string{"NODE_NAME=node-a"},
 		csiAddress, "--kubeconfig="+nodeA, "--node-deployment", "-v=4")
 	// The one active external-resizer may run on any node: here node-b's,
 	// talking to node-a's plugin (ControllerExpandVolume touches no pool).
-	resizer := e.run(t, "csi-resizer", bin("csi-resizer-v2.3.0"), []string{"NAMESPACE=" + namespace},
+	resizer := e.run(t, "csi-resizer", bin("csi-resizer-"+versions.ExternalResizer), []string{"NAMESPACE=" + namespace},
 		csiAddress, "--kubeconfig="+nodeB, "--leader-election", "--leader-election-namespace="+namespace,
 		"--handle-volume-inuse-error=false", "-v=4")
 	// Nothing may be refused, whatever else fails. The snapshotter asks once
@@ -148,7 +149,7 @@ func TestSidecars(t *testing.T) {
 		}
 	})
 	// podvol-controller's snapshot-controller (its own RBAC is not tested here).
-	e.run(t, "snapshot-controller", bin("snapshot-controller-v8.7.0"), nil,
+	e.run(t, "snapshot-controller", bin("snapshot-controller-"+versions.ExternalSnapshotter), nil,
 		"--kubeconfig="+e.kubeconfig(t, "admin", ""), "--leader-election=false", "--enable-distributed-snapshotting", "-v=4")
 
 	wffc, immediate := storagev1.VolumeBindingWaitForFirstConsumer, storagev1.VolumeBindingImmediate

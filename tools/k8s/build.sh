@@ -6,7 +6,9 @@
 # cores; progress is printed to stderr.
 set -euo pipefail
 cd "$(dirname "$0")"
-K8S_VERSION=v1.37.2
+# The version is the one tools/k8s/go.mod requires (internal/versions checks it).
+K8S_VERSION=$(go list -m -f '{{.Version}}' k8s.io/kubernetes)
+K8S_MINOR=$(echo "$K8S_VERSION" | cut -d. -f2)
 CACHE=${PODVOL_CACHE:-/var/cache/podvol}
 OUT=$CACHE/kubernetes-$K8S_VERSION/bin
 mkdir -p "$OUT"
@@ -16,7 +18,7 @@ exec 9>"$CACHE/.build-lock"
 flock 9
 
 V=k8s.io/component-base/version
-LDFLAGS="-s -w -X $V.gitVersion=$K8S_VERSION -X $V.gitMajor=1 -X $V.gitMinor=37 -X $V.gitTreeState=clean -X $V.buildDate=2026-01-01T00:00:00Z"
+LDFLAGS="-s -w -X $V.gitVersion=$K8S_VERSION -X $V.gitMajor=1 -X $V.gitMinor=$K8S_MINOR -X $V.gitTreeState=clean -X $V.buildDate=2026-01-01T00:00:00Z"
 
 declare -A PKG=(
   [etcd]=./etcd

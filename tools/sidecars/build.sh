@@ -12,17 +12,20 @@ mkdir -p "$OUT"
 # one builds, the others wait and then find them cached.
 exec 9>"$CACHE/.build-lock"
 flock 9
-# name  module-dir  package  version
+# name  module-dir  module  package-in-module; each version is the one the
+# module dir's go.mod requires (internal/versions checks those).
 SIDECARS=(
-  "csi-provisioner provisioner github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner v6.4.0"
-  "csi-resizer resizer github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer v2.3.0"
-  "csi-snapshotter snapshotter github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter v8.7.0"
-  "snapshot-controller snapshotter github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller v8.7.0"
+  "csi-provisioner provisioner github.com/kubernetes-csi/external-provisioner/v6 cmd/csi-provisioner"
+  "csi-resizer resizer github.com/kubernetes-csi/external-resizer/v2 cmd/csi-resizer"
+  "csi-snapshotter snapshotter github.com/kubernetes-csi/external-snapshotter/v8 cmd/csi-snapshotter"
+  "snapshot-controller snapshotter github.com/kubernetes-csi/external-snapshotter/v8 cmd/snapshot-controller"
 )
 start=$SECONDS
 i=0
 for s in "${SIDECARS[@]}"; do
-  read -r name dir pkg version <<<"$s"
+  read -r name dir module sub <<<"$s"
+  pkg=$module/$sub
+  version=$(cd "$dir" && go list -m -f '{{.Version}}' "$module")
   i=$((i + 1))
   bin=$OUT/$name-$version
   if [ -x "$bin" ]; then
