@@ -54,7 +54,7 @@ func (n *Node) publishDirect(ctx context.Context, v *store.Volume, r PublishRequ
 		if v.Publications == nil {
 			v.Publications = map[string]*store.Publication{}
 		}
-		v.Publications[r.TargetPath] = &store.Publication{Direct: true, Block: r.Block, ReadOnly: r.ReadOnly, AccessMode: 1, State: store.Publishing}
+		v.Publications[r.TargetPath] = &store.Publication{Direct: true, Block: r.Block, ReadOnly: r.ReadOnly, AccessMode: store.AccessExclusive, State: store.Publishing}
 		return nil
 	}); err != nil {
 		return err

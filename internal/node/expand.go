@@ -104,7 +104,7 @@ func (n *Node) Quiesce(id string) (func(), error) {
 	}
 	f, err := n.dev.OpenFilesystemOn(s.Path, s.Device)
 	if err != nil {
-		return nil, fmt.Errorf("volume %s is not mounted at its staging path, so it cannot be frozen for a consistent copy (stage it again): %w: %w", id, err, pool.ErrInUse)
+		return nil, fmt.Errorf("volume %s is not mounted at its staging path, so it cannot be frozen for a consistent copy (stage it again): %w: %w", id, err, pool.ErrNotStaged)
 	}
 	if err := f.Freeze(); err != nil {
 		f.Close()

@@ -260,7 +260,7 @@ func (n *Node) ensureStaged(ctx context.Context, v *store.Volume) (*store.Volume
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("volume %s is no longer staged at %s and could not be staged again (%v): refusing to publish anything else in its place; unstage and stage it again: %w", id, path, err, pool.ErrInUse)
+		return nil, fmt.Errorf("volume %s is no longer staged at %s and could not be staged again (%v): refusing to publish anything else in its place; unstage and stage it again: %w", id, path, err, pool.ErrNotStaged)
 	}
 	return v, nil
 }

@@ -47,7 +47,7 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 	}
 	s := v.Stage
 	if s == nil || s.State != store.Staged || s.Path != r.StagingPath {
-		return fmt.Errorf("volume %s is not staged at %s: call NodeStageVolume first: %w", v.ID, r.StagingPath, pool.ErrInUse)
+		return fmt.Errorf("volume %s is not staged at %s: call NodeStageVolume first: %w", v.ID, r.StagingPath, pool.ErrNotStaged)
 	}
 	if s.Block != r.Block {
 		return fmt.Errorf("volume %s is staged for %s access, publish asks for %s: %w", v.ID, accessName(s.Block), accessName(r.Block), pool.ErrInvalid)
@@ -63,7 +63,7 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 		}
 	}
 	if p, ok := v.Publications[r.TargetPath]; ok && p.State == store.Published {
-		if p.ReadOnly != r.ReadOnly || (p.AccessMode == 1) != r.Exclusive {
+		if p.ReadOnly != r.ReadOnly || p.Exclusive() != r.Exclusive {
 			return fmt.Errorf("volume %s is already published at %s with other options: %w", v.ID, r.TargetPath, pool.ErrConflict)
 		}
 		if m, _ := n.dev.MountedAt(r.TargetPath); m != nil {
@@ -74,7 +74,7 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 		if t == r.TargetPath {
 			continue
 		}
-		if r.Exclusive || p.AccessMode == 1 {
+		if r.Exclusive || p.Exclusive() {
 			if m, _ := n.dev.MountedAt(t); m != nil {
 				return fmt.Errorf("volume %s is ReadWriteOncePod and already published at %s: %w", v.ID, t, pool.ErrInUse)
 			}
@@ -84,9 +84,9 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 		return err
 	}
 
-	mode := int32(0)
+	mode := store.AccessShared
 	if r.Exclusive {
-		mode = 1
+		mode = store.AccessExclusive
 	}
 	if _, err := n.store.Update(v.ID, func(v *store.Volume) error {
 		if v.Publications == nil {

@@ -125,7 +125,7 @@ func TestPublishRefusesAStandIn(t *testing.T) {
 		}
 		return nil
 	})
-	wantErr(t, e.publish(v, v.target), pool.ErrInUse, "publish over a lost stage")
+	wantErr(t, e.publish(v, v.target), pool.ErrNotStaged, "publish over a lost stage")
 	e.notMounted(v.target)
 	for _, m := range e.dev.MountTable() {
 		if m.FsType == "hostfs" {
@@ -144,9 +144,9 @@ func TestPublishRefusesAStandIn(t *testing.T) {
 func TestPublishRequiresStage(t *testing.T) {
 	e := newEnv(t)
 	v := e.volume("ext4")
-	wantErr(t, e.publish(v, v.target), pool.ErrInUse, "publish before stage")
+	wantErr(t, e.publish(v, v.target), pool.ErrNotStaged, "publish before stage")
 	e.stage(v)
-	wantErr(t, e.node.Publish(ctx, node.PublishRequest{VolumeID: v.ID, StagingPath: v.staging + "x", TargetPath: v.target}), pool.ErrInUse, "publish from another staging path")
+	wantErr(t, e.node.Publish(ctx, node.PublishRequest{VolumeID: v.ID, StagingPath: v.staging + "x", TargetPath: v.target}), pool.ErrNotStaged, "publish from another staging path")
 	wantErr(t, e.node.Publish(ctx, node.PublishRequest{VolumeID: "pv-000000000000000000000000", StagingPath: v.staging, TargetPath: v.target}), pool.ErrNotFound, "publish of an unknown volume")
 	e.notMounted(v.target)
 }

@@ -78,12 +78,12 @@ func TestQuiesceRefusesWhatIsNotTheVolume(t *testing.T) {
 
 	must(t, e.dev.Unmount(v.staging))
 	_, err := e.node.Quiesce(v.ID)
-	wantErr(t, err, pool.ErrInUse, "quiesce with the staging mount gone")
+	wantErr(t, err, pool.ErrNotStaged, "quiesce with the staging mount gone")
 
 	// Another volume's filesystem bound where this one's should be.
 	must(t, e.dev.Mount(ctx, other.staging, v.staging, "", []string{"bind"}))
 	_, err = e.node.Quiesce(v.ID)
-	wantErr(t, err, pool.ErrInUse, "quiesce with another volume at the staging path")
+	wantErr(t, err, pool.ErrNotStaged, "quiesce with another volume at the staging path")
 	must(t, e.dev.Unmount(v.staging))
 	if log := e.dev.FreezeLog(); len(log) != 0 {
 		t.Fatalf("froze: %+v", log)

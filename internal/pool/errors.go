@@ -5,10 +5,12 @@ import "errors"
 // Error kinds. Callers wrap them with context (fmt.Errorf("...: %w", ErrX));
 // only the gRPC edge turns them into status codes.
 var (
-	ErrNotFound   = errors.New("not found")
-	ErrConflict   = errors.New("exists with different attributes")
-	ErrNoSpace    = errors.New("not enough space in the pool")
-	ErrInUse      = errors.New("in use")
+	ErrNotFound = errors.New("not found")
+	ErrConflict = errors.New("exists with different attributes")
+	ErrNoSpace  = errors.New("not enough space in the pool")
+	ErrInUse    = errors.New("in use")
+	// ErrNotStaged: a node call needs the volume staged (at that path).
+	ErrNotStaged  = errors.New("not staged")
 	ErrOutOfRange = errors.New("out of range")
 	ErrInvalid    = errors.New("invalid")
 	ErrUnusable   = errors.New("pool unusable")

@@ -102,9 +102,20 @@ type Publication struct {
 	Direct     bool   `json:"direct,omitempty"`
 	Block      bool   `json:"block,omitempty"`
 	ReadOnly   bool   `json:"readOnly,omitempty"`
-	AccessMode int32  `json:"accessMode"`
+	AccessMode int32  `json:"accessMode"` // AccessShared or AccessExclusive
 	State      string `json:"state"`
 }
+
+// A publication's access mode, as recorded.
+const (
+	AccessShared int32 = 0
+	// AccessExclusive (ReadWriteOncePod): no other publication of the
+	// volume may be mounted meanwhile.
+	AccessExclusive int32 = 1
+)
+
+// Exclusive tells whether the publication is ReadWriteOncePod.
+func (p *Publication) Exclusive() bool { return p.AccessMode == AccessExclusive }
 
 // Store is the metadata database in the pool.
 type Store struct {
