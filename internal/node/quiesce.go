@@ -1,0 +1,53 @@
+package node
+
+import (
+	"fmt"
+
+	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
+)
+
+// Quiesce makes a staged volume's image consistent for a copy: a mounted
+// filesystem is frozen (flushed, writes held) until the returned undo runs;
+// a block volume's page cache is flushed. A volume assigned to a microVM is
+// copied crash-consistent, as a cloud disk is snapshotted while attached: the
+// guest owns its filesystem, and the host has nothing of it to freeze (its
+// staging directory is then an empty directory on the node's filesystem,
+// which must never be frozen).
+func (n *Node) Quiesce(id string) (func(), error) {
+	v, err := n.store.Volume(id)
+	if err != nil || v.Stage == nil || v.Stage.State != store.Staged {
+		return func() {}, nil
+	}
+	s := v.Stage
+	if n.dev.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
+		// Not attached (a reboot took it): nothing writes to the image.
+		return func() {}, nil
+	}
+	if _, direct := directPublication(v); s.Block || direct {
+		if direct && !n.pool.Reflink() {
+			// Without reflink the copy reads the image extent by
+			// extent for as long as it takes, while the guest goes on
+			// writing: the copy would be torn, not crash-consistent.
+			// A reflink copy is one atomic step.
+			return nil, fmt.Errorf("volume %s is assigned to a microVM and this pool's filesystem has no reflink, so a copy of it while the guest writes would be torn: stop the pod first, or put the pool on XFS or btrfs: %w", id, pool.ErrInUse)
+		}
+		return func() {}, n.dev.SyncDevice(s.Device)
+	}
+	f, err := n.dev.OpenFilesystemOn(s.Path, s.Device)
+	if err != nil {
+		return nil, fmt.Errorf("volume %s is not mounted at its staging path, so it cannot be frozen for a consistent copy (stage it again): %w: %w", id, err, pool.ErrNotStaged)
+	}
+	if err := f.Freeze(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("freeze volume %s for a consistent copy: %w", id, err)
+	}
+	return func() {
+		if err := f.Thaw(); err != nil {
+			klog.ErrorS(err, "Thawing volume after copy", "volume", id)
+		}
+		f.Close()
+	}, nil
+}
