@@ -23,6 +23,7 @@ import (
 	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/inline"
+	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/metrics"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
@@ -135,9 +136,10 @@ func run(c config) error {
 	total, allocated, _ := p.Capacity()
 	klog.InfoS("Pool ready", "dir", p.Dir(), "capacityBytes", total, "allocatedBytes", allocated)
 
-	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir, Device: host}
-	d := csi.New(csi.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pool: p, Node: n, Inline: inl, InlineDefaultSize: inlineBytes, Decider: decider})
-	inl.Lock = d.Lock
+	// One lock per volume for the CSI calls and the inline collection.
+	locks := &keylock.Locks{}
+	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir, Device: host, Locks: locks}
+	d := csi.New(csi.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: inlineBytes, Decider: decider})
 	// The first collection runs before serving: a volume leaked while the
 	// plugin was down is gone before kubelet's first call.
 	if err := inl.Collect(ctx); err != nil {

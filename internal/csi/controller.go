@@ -68,11 +68,11 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): podvol provisions only on the node that runs this plugin", names.TopologyKey, d.cfg.NodeID)
 	}
 
-	defer d.locks.lock("name/" + name)()
+	defer d.locks.Lock("name/" + name)()
 	if source != nil && source.Kind == store.FromVolume {
 		// As for a snapshot: no unstage or offline growth of the source
 		// may run while it is frozen and copied.
-		defer d.locks.lock(source.ID)()
+		defer d.locks.Lock(source.ID)()
 	}
 	v, err := d.cfg.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Quiesce: d.cfg.Node.Quiesce})
 	if err != nil {
@@ -126,7 +126,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if err := checkVolumeID(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	defer d.locks.lock(req.GetVolumeId())()
+	defer d.locks.Lock(req.GetVolumeId())()
 	if err := d.cfg.Pool.DeleteVolume(ctx, req.GetVolumeId()); err != nil {
 		return nil, toStatus(err)
 	}

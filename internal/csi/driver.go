@@ -6,7 +6,6 @@ package csi
 
 import (
 	"errors"
-	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/inline"
+	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
@@ -27,6 +27,10 @@ type Config struct {
 	Pool       *pool.Pool
 	Node       *node.Node
 	Inline     *inline.Manager
+	// Locks are the per-volume locks the CSI calls take, shared with
+	// the background work on the same volumes (inline collection); nil
+	// makes the driver its own.
+	Locks *keylock.Locks
 	// InlineDefaultSize is the size of an inline volume that names none.
 	InlineDefaultSize int64
 	// Decider answers directAssign=auto; nil when the plugin has no API
@@ -41,15 +45,17 @@ type Driver struct {
 	csi.UnimplementedNodeServer
 
 	cfg   Config
-	locks keyedMutex
+	locks *keylock.Locks
 }
 
 // New returns a Driver.
-func New(cfg Config) *Driver { return &Driver{cfg: cfg} }
-
-// Lock serialises work on one volume (id or inline handle) with the CSI
-// calls about it, for background work such as inline volume collection.
-func (d *Driver) Lock(key string) func() { return d.locks.lock(key) }
+func New(cfg Config) *Driver {
+	locks := cfg.Locks
+	if locks == nil {
+		locks = &keylock.Locks{}
+	}
+	return &Driver{cfg: cfg, locks: locks}
+}
 
 func (d *Driver) topology() *csi.Topology {
 	return &csi.Topology{Segments: map[string]string{names.TopologyKey: d.cfg.NodeID}}
@@ -79,39 +85,4 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	}
 	return status.Error(code, err.Error())
-}
-
-// keyedMutex serialises operations on one volume (or one name) while letting
-// operations on different volumes run in parallel.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*keyLock
-}
-
-type keyLock struct {
-	sync.Mutex
-	refs int
-}
-
-func (k *keyedMutex) lock(key string) func() {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*keyLock{}
-	}
-	l := k.locks[key]
-	if l == nil {
-		l = &keyLock{}
-		k.locks[key] = l
-	}
-	l.refs++
-	k.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}
 }

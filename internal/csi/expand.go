@@ -51,7 +51,7 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if err != nil {
 		return nil, err
 	}
-	defer d.locks.lock(req.GetVolumeId())()
+	defer d.locks.Lock(req.GetVolumeId())()
 	got, err := d.cfg.Node.Expand(ctx, id, req.GetVolumePath(), size)
 	if err != nil {
 		return nil, toStatus(err)

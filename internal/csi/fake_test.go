@@ -14,6 +14,7 @@ import (
 	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/inline"
+	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
@@ -47,9 +48,9 @@ func newFakeNodeReflink(t *testing.T, reflink bool) *fakeNode {
 	t.Cleanup(func() { p.Close() })
 	n := node.New(p, &directvolume.Shim{Root: filepath.Join(dir, "direct")}, dev)
 	kubelet := filepath.Join(dir, "kubelet")
-	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: kubelet, Device: dev}
-	d := New(Config{NodeID: "node-1", Pool: p, Node: n, Inline: inl, InlineDefaultSize: pool.GiB})
-	inl.Lock = d.Lock
+	locks := &keylock.Locks{}
+	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: kubelet, Device: dev, Locks: locks}
+	d := New(Config{NodeID: "node-1", Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: pool.GiB})
 	return &fakeNode{t: t, d: d, dev: dev, kubelet: kubelet}
 }
 

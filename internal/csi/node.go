@@ -55,7 +55,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err := d.checkNodeRequest(req.GetVolumeId(), "staging target path", req.GetStagingTargetPath(), c); err != nil {
 		return nil, err
 	}
-	defer d.locks.lock(req.GetVolumeId())()
+	defer d.locks.Lock(req.GetVolumeId())()
 	err := d.cfg.Node.Stage(ctx, node.StageRequest{
 		VolumeID:    req.GetVolumeId(),
 		StagingPath: req.GetStagingTargetPath(),
@@ -76,7 +76,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	if err := d.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	defer d.locks.lock(req.GetVolumeId())()
+	defer d.locks.Lock(req.GetVolumeId())()
 	if err := d.cfg.Node.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -88,7 +88,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err := d.checkNodeRequest(req.GetVolumeId(), "target path", req.GetTargetPath(), c); err != nil {
 		return nil, err
 	}
-	defer d.locks.lock(req.GetVolumeId())()
+	defer d.locks.Lock(req.GetVolumeId())()
 	if isInline(req) {
 		if err := d.publishInline(ctx, req); err != nil {
 			return nil, err
@@ -133,7 +133,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if err := d.checkPath("target path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
-	defer d.locks.lock(req.GetVolumeId())()
+	defer d.locks.Lock(req.GetVolumeId())()
 	if _, ok := d.inlineID(req.GetVolumeId()); ok {
 		if err := d.cfg.Inline.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
 			return nil, toStatus(err)

@@ -60,8 +60,8 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): a snapshot lives beside its volume", names.TopologyKey, d.cfg.NodeID)
 	}
-	defer d.locks.lock("snapshot/" + req.GetName())()
-	defer d.locks.lock(req.GetSourceVolumeId())()
+	defer d.locks.Lock("snapshot/" + req.GetName())()
+	defer d.locks.Lock(req.GetSourceVolumeId())()
 	s, err := d.cfg.Pool.CreateSnapshot(pool.SnapshotRequest{Name: req.GetName(), SourceID: req.GetSourceVolumeId(), Quiesce: d.cfg.Node.Quiesce})
 	if err != nil {
 		return nil, toStatus(err)
@@ -79,7 +79,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		// call reached the wrong one.
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: delete it through that node's plugin (label its VolumeSnapshotContent snapshot.storage.kubernetes.io/managed-by=<node>)", status.Convert(err).Message())
 	}
-	defer d.locks.lock(id)()
+	defer d.locks.Lock(id)()
 	if err := d.cfg.Pool.DeleteSnapshot(id); err != nil {
 		return nil, toStatus(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
@@ -33,8 +34,9 @@ type Manager struct {
 	Pool       *pool.Pool
 	Node       *node.Node
 	KubeletDir string
-	// Lock serialises work on one volume handle with the CSI calls about it.
-	Lock func(handle string) (unlock func())
+	// Locks serialises work on one volume handle with the CSI calls about
+	// it (the plugin gives both the same Locks).
+	Locks *keylock.Locks
 	// Device is the mount table the targets are checked in; nil is the
 	// real one (device.Host).
 	Device device.Mounts
@@ -141,10 +143,7 @@ func (m *Manager) removeUnmounted(path string) error {
 		}
 		return err
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove target %s: %w", path, err)
-	}
-	return nil
+	return node.RemoveTarget(path)
 }
 
 // Collect removes inline volumes that no pod uses any more: the target is
@@ -168,7 +167,7 @@ func (m *Manager) Collect(ctx context.Context) error {
 }
 
 func (m *Manager) collect(ctx context.Context, id, handle string) error {
-	defer m.Lock(handle)()
+	defer m.Locks.Lock(handle)()
 	v, err := m.Pool.Store().Volume(id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil

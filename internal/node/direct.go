@@ -106,7 +106,7 @@ func (n *Node) undoDirect(ctx context.Context, id, target string) error {
 	if err := directvolume.Remove(n.direct.Root, target); err != nil {
 		return err
 	}
-	if err := removeTarget(target); err != nil {
+	if err := RemoveTarget(target); err != nil {
 		return err
 	}
 	v, err := n.store.Volume(id)

@@ -354,9 +354,9 @@ func isDir(path string) bool {
 	return err == nil && fi.IsDir()
 }
 
-// removeTarget removes the file or empty directory at a target path. It is
+// RemoveTarget removes the file or empty directory at a target path. It is
 // called only after the path was verified not to be a mount point.
-func removeTarget(path string) error {
+func RemoveTarget(path string) error {
 	err := os.Remove(path)
 	if err == nil || errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -194,7 +194,7 @@ func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 		if m != nil {
 			return fmt.Errorf("volume %s does not exist here, yet %s is mounted at %s: leaving it alone: %w", id, m.Source, target, pool.ErrNotFound)
 		}
-		return removeTarget(target)
+		return RemoveTarget(target)
 	}
 	if p, ok := v.Publications[target]; ok && p.Direct {
 		return n.undoDirect(ctx, v.ID, target)
@@ -207,7 +207,7 @@ func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 			return err
 		}
 	}
-	if err := removeTarget(target); err != nil {
+	if err := RemoveTarget(target); err != nil {
 		return err
 	}
 	_, err = n.store.Update(v.ID, func(v *store.Volume) error {
