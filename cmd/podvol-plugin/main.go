@@ -119,7 +119,11 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
-	defer p.Close()
+	defer func() {
+		if err := p.Close(); err != nil {
+			klog.ErrorS(err, "Closing the pool")
+		}
+	}()
 	n := node.New(p, &directvolume.Shim{Root: c.kataDir, SandboxDirs: c.sandboxDirs}, host)
 	decider, err := decider(c.kubeconfig)
 	if err != nil {

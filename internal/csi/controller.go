@@ -2,7 +2,6 @@ package csi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -145,11 +144,11 @@ func (d *Driver) lookup(id string) (*store.Volume, error) {
 		}
 		id = inl
 	}
-	v, err := d.cfg.Pool.Store().Volume(id)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && v.State != store.Ready) {
-		return nil, status.Errorf(codes.NotFound, "volume %q does not exist on node %s", id, d.cfg.NodeID)
+	v, err := d.cfg.Pool.ReadyVolume(id)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("node %s: %w", d.cfg.NodeID, err))
 	}
-	return v, toStatus(err)
+	return v, nil
 }
 
 func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
@@ -209,8 +208,8 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 }
 
 // volumePage is one page of the ready volumes, for the listing RPCs.
-func (d *Driver) volumePage(max int32, start string) ([]*store.Volume, string, error) {
-	if max < 0 {
+func (d *Driver) volumePage(maxEntries int32, start string) ([]*store.Volume, string, error) {
+	if maxEntries < 0 {
 		return nil, "", invalid("max_entries must not be negative")
 	}
 	if start != "" && !pool.ValidID(start) {
@@ -220,20 +219,20 @@ func (d *Driver) volumePage(max int32, start string) ([]*store.Volume, string, e
 	if err != nil {
 		return nil, "", toStatus(err)
 	}
-	vols, next := page(vols, start, max, func(v *store.Volume) (string, bool) { return v.ID, v.State == store.Ready })
+	vols, next := page(vols, start, maxEntries, func(v *store.Volume) (string, bool) { return v.ID, v.State == store.Ready })
 	return vols, next, nil
 }
 
 // page picks the items (in id order) that keep accepts, from the id start
-// on, at most max of them (0: no limit), and returns the id to continue at.
-func page[T any](items []T, start string, max int32, keep func(T) (id string, ok bool)) ([]T, string) {
+// on, at most maxEntries of them (0: no limit), and returns the id to continue at.
+func page[T any](items []T, start string, maxEntries int32, keep func(T) (id string, ok bool)) ([]T, string) {
 	var out []T
 	for _, it := range items {
 		id, ok := keep(it)
 		if !ok || id < start {
 			continue
 		}
-		if max > 0 && len(out) == int(max) {
+		if maxEntries > 0 && len(out) == int(maxEntries) {
 			return out, id
 		}
 		out = append(out, it)

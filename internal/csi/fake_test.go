@@ -45,7 +45,11 @@ func newFakeNodeReflink(t *testing.T, reflink bool) *fakeNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	n := node.New(p, &directvolume.Shim{Root: filepath.Join(dir, "direct")}, dev)
 	kubelet := filepath.Join(dir, "kubelet")
 	locks := &keylock.Locks{}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,8 +26,6 @@ type env struct {
 	pool    *pool.Pool
 	node    *node.Node
 	m       *inline.Manager
-
-	mu sync.Mutex
 }
 
 func newEnv(t *testing.T, capacity int64) *env {
@@ -37,7 +34,11 @@ func newEnv(t *testing.T, capacity int64) *env {
 	must(t, err)
 	e := &env{t: t, dev: devicetest.New(), poolDir: filepath.Join(dir, "pool"), kubelet: filepath.Join(dir, "kubelet")}
 	e.open(capacity)
-	t.Cleanup(func() { e.pool.Close() })
+	t.Cleanup(func() {
+		if err := e.pool.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return e
 }
 

@@ -109,7 +109,9 @@ func (m *Metrics) Serve(ctx context.Context, addr string, healthy func() error) 
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(shutdown)
+		if err := srv.Shutdown(shutdown); err != nil {
+			klog.ErrorS(err, "Shutting down the metrics server")
+		}
 	}()
 	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err

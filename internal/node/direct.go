@@ -61,7 +61,9 @@ func (n *Node) publishDirect(ctx context.Context, v *store.Volume, r PublishRequ
 	}
 	failpoint.Hit("direct-after-record")
 	if err := n.assign(v, r); err != nil {
-		n.undoDirect(ctx, v.ID, r.TargetPath)
+		if uerr := n.undoDirect(ctx, v.ID, r.TargetPath); uerr != nil {
+			klog.ErrorS(uerr, "Undoing a failed direct assignment", "volume", v.ID, "targetPath", r.TargetPath)
+		}
 		return err
 	}
 	_, err := n.store.Update(v.ID, func(v *store.Volume) error {

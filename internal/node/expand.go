@@ -64,7 +64,9 @@ func (n *Node) growMounted(ctx context.Context, v *store.Volume) error {
 		failpoint.Hit("grow-offline-after-unmount")
 		if err := n.dev.GrowOffline(ctx, s.Device); err != nil {
 			// Leave the volume as staged as it was.
-			_ = n.dev.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags)
+			if merr := n.dev.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags); merr != nil {
+				klog.ErrorS(merr, "Mounting the staging path again after a failed offline growth", "volume", v.ID, "stagingPath", s.Path)
+			}
 			return fmt.Errorf("grow filesystem of volume %s: %w", v.ID, err)
 		}
 		return n.dev.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags)

@@ -38,7 +38,11 @@ func newEnv(t *testing.T) *env {
 	e.shim = &directvolume.Shim{Root: filepath.Join(dir, "direct-volumes")}
 	must(t, os.MkdirAll(filepath.Join(e.kubelet, "pods"), 0o750))
 	e.open()
-	t.Cleanup(func() { e.pool.Close() })
+	t.Cleanup(func() {
+		if err := e.pool.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return e
 }
 

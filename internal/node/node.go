@@ -50,22 +50,7 @@ type StageRequest struct {
 	MountFlags  []string
 }
 
-func (n *Node) volume(id string) (*store.Volume, error) {
-	if !pool.ValidID(id) {
-		return nil, fmt.Errorf("volume %q: malformed id: %w", id, pool.ErrNotFound)
-	}
-	v, err := n.store.Volume(id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("volume %s does not exist on this node: %w", id, pool.ErrNotFound)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if v.State != store.Ready {
-		return nil, fmt.Errorf("volume %s is %s: %w", id, v.State, pool.ErrNotFound)
-	}
-	return v, nil
-}
+func (n *Node) volume(id string) (*store.Volume, error) { return n.pool.ReadyVolume(id) }
 
 // Stage attaches the volume's image to a loop device and, for filesystem
 // access, formats it if it is blank and mounts it at the staging path.
@@ -163,7 +148,9 @@ func (n *Node) ensureLoop(v *store.Volume) (string, error) {
 			continue
 		}
 		if mnts, _ := n.dev.MountsOf(d); len(mnts) == 0 {
-			_ = n.dev.DetachLoop(d, img)
+			if err := n.dev.DetachLoop(d, img); err != nil {
+				klog.ErrorS(err, "Detaching a stray loop device", "volume", v.ID, "device", d)
+			}
 		}
 	}
 	return keep, nil
@@ -336,12 +323,16 @@ func (n *Node) livePublications(v *store.Volume) []string {
 		}
 	}
 	if len(stale) > 0 {
-		_, _ = n.store.Update(v.ID, func(v *store.Volume) error {
+		// Best effort: the stale records are left out of the answer either
+		// way, and the next call tries again.
+		if _, err := n.store.Update(v.ID, func(v *store.Volume) error {
 			for _, t := range stale {
 				delete(v.Publications, t)
 			}
 			return nil
-		})
+		}); err != nil {
+			klog.ErrorS(err, "Removing stale publication records", "volume", v.ID)
+		}
 	}
 	slices.Sort(live)
 	return live

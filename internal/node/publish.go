@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/failpoint"
@@ -100,10 +101,14 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 	failpoint.Hit("publish-after-record")
 
 	if err := n.bind(ctx, v, r); err != nil {
-		_, _ = n.store.Update(v.ID, func(v *store.Volume) error {
+		// A record left behind is harmless: the target is not mounted, and
+		// the next publish or unpublish of it converges.
+		if _, uerr := n.store.Update(v.ID, func(v *store.Volume) error {
 			delete(v.Publications, r.TargetPath)
 			return nil
-		})
+		}); uerr != nil {
+			klog.ErrorS(uerr, "Removing the record of a failed publication", "volume", v.ID, "targetPath", r.TargetPath)
+		}
 		return err
 	}
 	_, err = n.store.Update(v.ID, func(v *store.Volume) error {
@@ -146,7 +151,9 @@ func (n *Node) bind(ctx context.Context, v *store.Volume, r PublishRequest) erro
 	}
 	if !r.Block && !r.ReadOnly {
 		if err := n.ApplyFsGroup(r.TargetPath, r.FsGroup, r.FsGroupChangePolicy); err != nil {
-			_ = n.dev.Unmount(r.TargetPath)
+			if uerr := n.dev.Unmount(r.TargetPath); uerr != nil {
+				klog.ErrorS(uerr, "Unmounting a publication whose fsGroup could not be applied", "volume", v.ID, "targetPath", r.TargetPath)
+			}
 			return fmt.Errorf("volume %s: %w", v.ID, err)
 		}
 	}

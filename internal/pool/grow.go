@@ -10,7 +10,7 @@ import (
 // GrowVolume records and makes a volume's image size bytes long. Shrinking
 // is refused; the same size again is done already.
 func (p *Pool) GrowVolume(id string, size int64) (*store.Volume, error) {
-	v, err := p.readyVolume(id)
+	v, err := p.ReadyVolume(id)
 	if err != nil {
 		return nil, err
 	}

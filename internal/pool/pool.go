@@ -119,8 +119,7 @@ func Open(cfg Config) (*Pool, error) {
 		return nil, err
 	}
 	if err := p.accountForImages(context.Background(), cfg.UnknownImages); err != nil {
-		p.store.Close()
-		return nil, err
+		return nil, errors.Join(err, p.store.Close())
 	}
 	return p, nil
 }
@@ -274,7 +273,9 @@ func (p *Pool) finishCreate(v *store.Volume, r CreateRequest) (*store.Volume, er
 	}
 	if err != nil {
 		// Leave nothing behind: the record goes with the image.
-		p.removeVolume(v.ID)
+		if rerr := p.removeVolume(v.ID); rerr != nil {
+			klog.ErrorS(rerr, "Removing a volume whose creation failed", "volume", v.ID)
+		}
 		return nil, err
 	}
 	failpoint.Hit("create-after-image")
@@ -310,7 +311,7 @@ func makeImage(path string, size int64) error {
 
 func newID() string {
 	b := make([]byte, 12)
-	_, _ = rand.Read(b)
+	_, _ = rand.Read(b) // crypto/rand.Read never returns an error (it crashes the program instead)
 	return "pv-" + hex.EncodeToString(b)
 }
 
@@ -446,4 +447,24 @@ func (p *Pool) Unwritten() (fsFree, promised int64, err error) {
 		}
 	}
 	return fs.AvailableBytes, max(allocated-used, 0), nil
+}
+
+// ReadyVolume returns the volume with id if it is ready: created and not
+// being deleted. Anything else is ErrNotFound, as the CSI calls about an
+// existing volume want it.
+func (p *Pool) ReadyVolume(id string) (*store.Volume, error) {
+	if !ValidID(id) {
+		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, ErrNotFound)
+	}
+	v, err := p.store.Volume(id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if v.State != store.Ready {
+		return nil, fmt.Errorf("volume %s is %s: %w", id, v.State, ErrNotFound)
+	}
+	return v, nil
 }

@@ -40,7 +40,9 @@ func newEnv(t *testing.T, capacity int64) *env {
 	e.p = p
 	t.Cleanup(func() {
 		if e.p != nil {
-			e.p.Close()
+			if err := e.p.Close(); err != nil {
+				t.Error(err)
+			}
 		}
 	})
 	return e

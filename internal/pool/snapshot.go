@@ -47,7 +47,7 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
 	}
-	src, err := p.readyVolume(r.SourceID)
+	src, err := p.ReadyVolume(r.SourceID)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +74,9 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 	}
 	failpoint.Hit("snapshot-after-record")
 	if err := p.copyVolume(src, p.SnapshotPath(snap.ID), src.SizeBytes, r.Quiesce); err != nil {
-		_ = p.removeSnapshot(snap.ID)
+		if rerr := p.removeSnapshot(snap.ID); rerr != nil {
+			klog.ErrorS(rerr, "Removing a failed snapshot", "snapshot", snap.ID)
+		}
 		return nil, fmt.Errorf("snapshot of volume %s: %w", src.ID, err)
 	}
 	return p.store.UpdateSnapshot(snap.ID, func(s *store.Snapshot) { s.State = store.Ready })
@@ -92,17 +94,6 @@ func (p *Pool) copyVolume(src *store.Volume, dst string, size int64, quiesce fun
 	}
 	failpoint.Hit("copy-while-quiesced")
 	return p.dev.CopyImage(p.ImagePath(src.ID), dst, size, p.reflink)
-}
-
-func (p *Pool) readyVolume(id string) (*store.Volume, error) {
-	if !ValidID(id) {
-		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, ErrNotFound)
-	}
-	v, err := p.store.Volume(id)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && v.State != store.Ready) {
-		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, ErrNotFound)
-	}
-	return v, err
 }
 
 // ReadySnapshot returns a snapshot that can be restored or listed.
@@ -134,7 +125,7 @@ func (p *Pool) checkSource(r *CreateRequest) error {
 		}
 		size, fs = s.SizeBytes, s.FsType
 	case store.FromVolume:
-		v, err := p.readyVolume(r.Source.ID)
+		v, err := p.ReadyVolume(r.Source.ID)
 		if err != nil {
 			return err
 		}
@@ -171,7 +162,7 @@ func (p *Pool) copyFromSource(v *store.Volume, quiesce func(string) (func(), err
 			return fmt.Errorf("restore snapshot %s: %w", s.ID, err)
 		}
 	case store.FromVolume:
-		src, err := p.readyVolume(v.Source.ID)
+		src, err := p.ReadyVolume(v.Source.ID)
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -57,7 +58,9 @@ func Serve(ctx context.Context, dir, driver, endpoint string) error {
 	go func() {
 		<-ctx.Done()
 		srv.Stop()
-		_ = os.Remove(sock)
+		if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			klog.ErrorS(err, "Removing the registration socket", "socket", sock)
+		}
 	}()
 	return srv.Serve(lis)
 }

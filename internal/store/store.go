@@ -10,6 +10,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // ErrNotFound is returned for a volume the store does not know.
@@ -129,7 +130,7 @@ type Store struct {
 func Open(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("open %s: locked: another podvol-plugin is using this pool", path)
 		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -143,8 +144,7 @@ func Open(path string) (*Store, error) {
 		return nil
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("initialise %s: %w", path, err)
+		return nil, errors.Join(fmt.Errorf("initialise %s: %w", path, err), db.Close())
 	}
 	return &Store{
 		db:        db,

@@ -29,7 +29,9 @@ func TestStorePersistsAndIndexesNames(t *testing.T) {
 	if _, err := s.Update("pv-1", func(v *Volume) error { v.State = Ready; v.Stage = &Stage{Path: "/s", State: Staged}; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	// A second opener is refused while the first holds the store.
 	s, err = Open(path)
@@ -55,5 +57,7 @@ func TestStorePersistsAndIndexesNames(t *testing.T) {
 	if vols, _ := s.Volumes(); len(vols) != 0 {
 		t.Fatalf("volumes left: %v", vols)
 	}
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 }

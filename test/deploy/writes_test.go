@@ -16,16 +16,16 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// twoWay is the strategic merge patch from old to new, as the sidecars
+// twoWay is the strategic merge patch from before to after, as the sidecars
 // compute theirs (external-resizer's GetPatchData, the provisioner
 // library's finalizer patch).
-func twoWay(t *testing.T, old, new, kind any) []byte {
+func twoWay(t *testing.T, before, after, kind any) []byte {
 	t.Helper()
-	o, err := json.Marshal(old)
+	o, err := json.Marshal(before)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := json.Marshal(new)
+	n, err := json.Marshal(after)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package plugin_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -85,8 +86,7 @@ func TestReadOnlyPublish(t *testing.T) {
 }
 
 func isROFS(err error) bool {
-	pe, ok := err.(*os.PathError)
-	return ok && pe.Err == unix.EROFS
+	return errors.Is(err, unix.EROFS)
 }
 
 func TestBlockVolumeIsTheDevice(t *testing.T) {
@@ -101,7 +101,9 @@ func TestBlockVolumeIsTheDevice(t *testing.T) {
 	if _, err := f.WriteAt([]byte("raw block data"), 4096); err != nil {
 		t.Fatal(err)
 	}
-	f.Sync()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
 	f.Close()
 	st, err := e.p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: e.target(id)})
 	e.must("stats", err)

@@ -78,20 +78,20 @@ func TestAbsurdSizes(t *testing.T) {
 		nothingRecorded(what)
 	}
 
-	const max = math.MaxInt64
+	const maxInt = math.MaxInt64
 	creates := []struct {
 		what     string
 		fs       string
 		req, lim int64
 		code     codes.Code
 	}{
-		{"required 2^63-1", "ext4", max, 0, codes.OutOfRange},
-		{"required 2^63-MiB+1", "ext4", max - MiB + 2, 0, codes.OutOfRange},
-		{"required 2^63-MiB+1, xfs", "xfs", max - MiB + 2, 0, codes.OutOfRange},
-		{"required 2^63-MiB+1, limit 2^63-1", "ext4", max - MiB + 2, max, codes.OutOfRange},
-		{"required and limit 2^63-1", "ext4", max, max, codes.OutOfRange},
-		{"required 2^63-4096, limit 2^63-1", "ext4", max - 4095, max, codes.OutOfRange},
-		{"required 2^63-2MiB+1 (a whole MiB short of overflowing)", "ext4", max - 2*MiB + 2, 0, codes.ResourceExhausted},
+		{"required 2^63-1", "ext4", maxInt, 0, codes.OutOfRange},
+		{"required 2^63-MiB+1", "ext4", maxInt - MiB + 2, 0, codes.OutOfRange},
+		{"required 2^63-MiB+1, xfs", "xfs", maxInt - MiB + 2, 0, codes.OutOfRange},
+		{"required 2^63-MiB+1, limit 2^63-1", "ext4", maxInt - MiB + 2, maxInt, codes.OutOfRange},
+		{"required and limit 2^63-1", "ext4", maxInt, maxInt, codes.OutOfRange},
+		{"required 2^63-4096, limit 2^63-1", "ext4", maxInt - 4095, maxInt, codes.OutOfRange},
+		{"required 2^63-2MiB+1 (a whole MiB short of overflowing)", "ext4", maxInt - 2*MiB + 2, 0, codes.ResourceExhausted},
 		{"required 1 EiB", "ext4", 1 << 60, 0, codes.ResourceExhausted},
 		{"required -1", "ext4", -1, 0, codes.OutOfRange},
 		{"limit -1", "ext4", 0, -1, codes.OutOfRange},
@@ -163,9 +163,9 @@ func TestAbsurdSizes(t *testing.T) {
 		what     string
 		req, lim int64
 	}{
-		{"required 2^63-1", max, 0},
-		{"required 2^63-MiB+1", max - MiB + 2, 0},
-		{"required 2^63-MiB+1, limit 2^63-1", max - MiB + 2, max},
+		{"required 2^63-1", maxInt, 0},
+		{"required 2^63-MiB+1", maxInt - MiB + 2, 0},
+		{"required 2^63-MiB+1, limit 2^63-1", maxInt - MiB + 2, maxInt},
 	}
 	for _, c := range expands {
 		r, err := e.p.Controller().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{
@@ -193,7 +193,7 @@ func TestAbsurdSizes(t *testing.T) {
 	// Sane requests with a huge limit still get today's sizes.
 	r, err := e.p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
 		Name:               "sane-huge-limit",
-		CapacityRange:      &csi.CapacityRange{RequiredBytes: 100*MiB + 1, LimitBytes: max},
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: 100*MiB + 1, LimitBytes: maxInt},
 		VolumeCapabilities: []*csi.VolumeCapability{rwo},
 	})
 	e.must("CreateVolume 100 MiB + 1 with limit 2^63-1", err)
@@ -202,7 +202,7 @@ func TestAbsurdSizes(t *testing.T) {
 	}
 	e.must("delete sane-huge-limit", e.delete(r.GetVolume().GetVolumeId()))
 	ce, err := e.p.Controller().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{
-		VolumeId: keep, CapacityRange: &csi.CapacityRange{RequiredBytes: 96*MiB + 1, LimitBytes: max},
+		VolumeId: keep, CapacityRange: &csi.CapacityRange{RequiredBytes: 96*MiB + 1, LimitBytes: maxInt},
 	})
 	e.must("ControllerExpandVolume 96 MiB + 1 with limit 2^63-1", err)
 	if got := ce.GetCapacityBytes(); got != 97*MiB || !ce.GetNodeExpansionRequired() {

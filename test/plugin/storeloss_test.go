@@ -51,7 +51,9 @@ func TestLostStoreDeletesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	refused("store empty")
 
 	// Junk and foreign files beside the images.

@@ -41,7 +41,7 @@ func Binary(t testing.TB) string {
 		cmd := exec.Command("go", "build", "-o", binary, "github.com/podvol/podvol/cmd/podvol-plugin")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build podvol-plugin: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build podvol-plugin: %w\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
@@ -132,7 +132,7 @@ func (p *Plugin) start() {
 			}
 			// A socket left by the previous process refuses the dial;
 			// redial rather than wait out gRPC's reconnect backoff.
-			p.conn.Close()
+			_ = p.conn.Close() // redialled below whatever the close says
 			p.conn = nil
 		}
 		if time.Now().After(deadline) {
@@ -202,7 +202,7 @@ func (p *Plugin) WaitExit(d time.Duration) bool {
 // Kill sends SIGKILL to the plugin's PID and waits for it.
 func (p *Plugin) Kill() {
 	if p.conn != nil {
-		p.conn.Close()
+		_ = p.conn.Close() // dropped either way: nothing to do about a failed close
 		p.conn = nil
 	}
 	if !p.Exited() {
@@ -214,7 +214,7 @@ func (p *Plugin) Kill() {
 // Stop ends the plugin gracefully (SIGTERM, then SIGKILL after 10s).
 func (p *Plugin) Stop() {
 	if p.conn != nil {
-		p.conn.Close()
+		_ = p.conn.Close() // dropped either way: nothing to do about a failed close
 		p.conn = nil
 	}
 	if p.Exited() {
