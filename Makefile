@@ -75,11 +75,11 @@ test: check fuzz
 
 # A bounded run of the native fuzz targets over request sizes and size
 # quantities (their seed corpus also runs in every go test). A failure is
-# written to internal/csi/testdata/fuzz/: keep it as a regression input.
+# written to internal/driver/testdata/fuzz/: keep it as a regression input.
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzSizeFor$$' -fuzztime $(FUZZTIME) ./internal/csi/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseQuantitySize$$' -fuzztime $(FUZZTIME) ./internal/csi/
+	$(GO) test -run '^$$' -fuzz '^FuzzSizeFor$$' -fuzztime $(FUZZTIME) ./internal/driver/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseQuantitySize$$' -fuzztime $(FUZZTIME) ./internal/driver/
 
 clean:
 	rm -rf bin

@@ -19,9 +19,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
-	"github.com/podvol/podvol/internal/csi"
 	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/internal/driver"
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/metrics"
@@ -143,7 +143,7 @@ func run(c config) error {
 	// One lock per volume for the CSI calls and the inline collection.
 	locks := &keylock.Locks{}
 	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir, Device: host, Locks: locks}
-	d := csi.New(csi.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: inlineBytes, Decider: decider})
+	d := driver.New(driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: inlineBytes, Decider: decider})
 	// The first collection runs before serving: a volume leaked while the
 	// plugin was down is gone before kubelet's first call.
 	if err := inl.Collect(ctx); err != nil {
@@ -153,7 +153,7 @@ func run(c config) error {
 		time.Sleep(c.gcInterval)
 		inl.Run(ctx, c.gcInterval)
 	}()
-	var observe csi.Observer
+	var observe driver.Observer
 	if c.metricsAddr != "" {
 		m := metrics.New(func() (metrics.PoolStats, error) {
 			vols, err := p.Store().Volumes()
@@ -195,7 +195,7 @@ func run(c config) error {
 			}
 		}()
 	}
-	return csi.Serve(ctx, c.endpoint, d, observe)
+	return driver.Serve(ctx, c.endpoint, d, observe)
 }
 
 // decider builds the directAssign=auto decider from --kubeconfig or the

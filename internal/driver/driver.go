@@ -1,8 +1,8 @@
-// Package csi is podvol's gRPC edge: it validates every CSI request,
+// Package driver is podvol's gRPC edge: it validates every CSI request,
 // translates it into calls on the pool and node packages, and maps their
 // errors to the status codes the CSI spec prescribes. Nothing below this
 // package knows about gRPC.
-package csi
+package driver
 
 import (
 	"errors"
