@@ -117,7 +117,9 @@ func (c *Cluster) Demo(ctx context.Context) error {
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.lifecycle, r.objects, r.where, r.result)
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	fmt.Fprintf(c.Out, "\nLook around: export KUBECONFIG=%s; kubectl -n %s get pods,pvc,volumesnapshots\nTear down: make down\n", c.Kubeconfig(), ns)
 	if failed > 0 {
 		return fmt.Errorf("%d of %d lifecycles failed", failed, len(steps))
@@ -161,7 +163,7 @@ spec:
 	}
 	out, err := c.Exec(ctx, ns, pod, "cat /scratch/hello")
 	if err != nil || out != "scratch" {
-		return "", "", fmt.Errorf("read back %q: %v", out, err)
+		return "", "", fmt.Errorf("read back %q: %w", out, err)
 	}
 	owner, _ := c.Get(ctx, ns, "pvc/"+pod+"-scratch", "{.metadata.ownerReferences[0].name}")
 	if owner != pod {
@@ -186,7 +188,7 @@ spec:
 	}
 	out, err := c.Exec(ctx, ns, "inline", "cat /scratch/hello && df -h /scratch | tail -1")
 	if err != nil || !strings.HasPrefix(out, "inline") {
-		return "", "", fmt.Errorf("read back %q: %v", out, err)
+		return "", "", fmt.Errorf("read back %q: %w", out, err)
 	}
 	return "Pod inline (volumes[].csi, no PVC)", "node " + c.NodeName + ", an image in " + c.path("pool", "volumes") + ", deleted with the pod", nil
 }
@@ -229,7 +231,7 @@ func (c *Cluster) demoStatefulSet(ctx context.Context, ns string) (string, strin
 	}
 	out, err := c.Exec(ctx, ns, "db-0", "cat /data/rows")
 	if err != nil || out != "row 1" {
-		return "", "", fmt.Errorf("after the pod's restart: %q: %v", out, err)
+		return "", "", fmt.Errorf("after the pod's restart: %q: %w", out, err)
 	}
 	return "StatefulSet db, PVC data-db-0 (podvol-xfs)", c.where(ctx, ns, "data-db-0"), nil
 }
@@ -289,7 +291,7 @@ spec:
 	}
 	out, err := c.readerPod(ctx, ns, "restore-reader", "db-restore")
 	if err != nil || out != "row 1" {
-		return "", "", fmt.Errorf("restored volume holds %q, want the data at the snapshot: %v", out, err)
+		return "", "", fmt.Errorf("restored volume holds %q, want the data at the snapshot: %w", out, err)
 	}
 	return "VolumeSnapshot db-snap, PVC db-restore", c.where(ctx, ns, "db-restore") + " (reflink of the snapshot)", nil
 }
@@ -314,7 +316,7 @@ func (c *Cluster) demoClone(ctx context.Context, ns string) (string, string, err
 	}
 	out, err := c.readerPod(ctx, ns, "clone-reader", "db-clone")
 	if err != nil || out != "row 1\nrow 2" {
-		return "", "", fmt.Errorf("clone holds %q, want the source's data: %v", out, err)
+		return "", "", fmt.Errorf("clone holds %q, want the source's data: %w", out, err)
 	}
 	return "PVC db-clone (dataSource: PVC data-db-0)", c.where(ctx, ns, "db-clone") + " (reflink of the source)", nil
 }
@@ -345,7 +347,7 @@ func (c *Cluster) demoEphemeralClone(ctx context.Context, ns string) (string, st
 	}
 	out, err := c.readerPod(ctx, ns, "scratch-next", "db-scratch")
 	if err != nil || out != "row 1\nrow 2" {
-		return "", "", fmt.Errorf("the next pod's clone holds %q, want the source's data without the last pod's writes: %v", out, err)
+		return "", "", fmt.Errorf("the next pod's clone holds %q, want the source's data without the last pod's writes: %w", out, err)
 	}
 	return "PVC db-scratch (podvol.io/lifecycle: reset-on-detach), Pod scratch-user writes, Pod scratch-next sees the source",
 		c.where(ctx, ns, "db-scratch") + " (a fresh reflink for each pod)", nil
@@ -363,7 +365,9 @@ func (c *Cluster) demoResize(ctx context.Context, ns string) (string, string, er
 		}
 		size = out
 		var kb int
-		fmt.Sscan(out, &kb)
+		if _, err := fmt.Sscan(out, &kb); err != nil {
+			return fmt.Errorf("filesystem size %q: %w", out, err)
+		}
 		if kb < 900*1024 {
 			return fmt.Errorf("filesystem is %s KiB: %w", out, errNotYet)
 		}
@@ -374,7 +378,7 @@ func (c *Cluster) demoResize(ctx context.Context, ns string) (string, string, er
 	}
 	out, err := c.Exec(ctx, ns, "db-0", "cat /data/rows")
 	if err != nil || !strings.HasPrefix(out, "row 1") {
-		return "", "", fmt.Errorf("data after resize: %q: %v", out, err)
+		return "", "", fmt.Errorf("data after resize: %q: %w", out, err)
 	}
 	return "PVC data-db-0 512Mi -> 1Gi while db-0 runs", c.where(ctx, ns, "data-db-0") + " (" + size + " KiB now)", nil
 }

@@ -109,11 +109,11 @@ func (c *Cluster) deploy(ctx context.Context) error {
 		{"-n", "podvol-system", "rollout", "status", "daemonset/podvol-node", "--timeout=5m"},
 		{"-n", "podvol-system", "rollout", "status", "deployment/podvol-controller", "--timeout=5m"},
 	} {
-		if out, err := c.kubectl(ctx, w...); err != nil {
+		out, err := c.kubectl(ctx, w...)
+		if err != nil {
 			return fmt.Errorf("%w\npods:\n%s", err, c.describePods(ctx))
-		} else {
-			c.p.note("%s", strings.TrimSpace(out))
 		}
+		c.p.note("%s", strings.TrimSpace(out))
 	}
 	return waitFor("podvol registered with the kubelet and reporting capacity", 3*time.Minute, func() error {
 		out, err := c.kubectl(ctx, "get", "csinode", c.NodeName, "-o", "jsonpath={.spec.drivers[*].name}")

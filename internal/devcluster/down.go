@@ -66,7 +66,7 @@ func (c *Cluster) Down(ctx context.Context) error {
 	errs = append(errs, c.removeServiceRules())
 	if _, err := exec.Command("ip", "link", "show", bridge).CombinedOutput(); err == nil {
 		if out, err := exec.Command("ip", "link", "del", bridge).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("delete bridge %s: %v: %s", bridge, err, out))
+			errs = append(errs, fmt.Errorf("delete bridge %s: %w: %s", bridge, err, out))
 		} else {
 			c.p.note("deleted bridge %s", bridge)
 		}

@@ -30,6 +30,7 @@ type file struct {
 type image struct {
 	ref        string // e.g. localhost/busybox:podvol
 	entrypoint []string
+	cmd        []string // the default arguments, if any
 	files      []file
 }
 
@@ -107,9 +108,13 @@ func (img image) write(path string) error {
 	blobs := map[string][]byte{}
 	add := func(b []byte) (string, int) { d := sum(b); blobs[d] = b; return d, len(b) }
 	layerDigest, layerSize := add(gz.Bytes())
+	imgConfig := map[string]any{"Entrypoint": img.entrypoint, "Env": []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}, "WorkingDir": "/"}
+	if len(img.cmd) > 0 {
+		imgConfig["Cmd"] = img.cmd
+	}
 	config, _ := json.Marshal(map[string]any{
 		"architecture": "amd64", "os": "linux",
-		"config": map[string]any{"Entrypoint": img.entrypoint, "Env": []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}, "WorkingDir": "/"},
+		"config": imgConfig,
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + diffID}},
 	})
 	configDigest, configSize := add(config)
@@ -164,18 +169,18 @@ func hostBinaries(names ...string) ([]file, error) {
 			return nil
 		}
 		seen[p] = true
-		real, err := filepath.EvalSymlinks(p)
+		target, err := filepath.EvalSymlinks(p)
 		if err != nil {
 			return err
 		}
-		if real != p {
-			files = append(files, file{path: p, link: real})
-			if seen[real] {
+		if target != p {
+			files = append(files, file{path: p, link: target})
+			if seen[target] {
 				return nil
 			}
-			seen[real] = true
+			seen[target] = true
 		}
-		files = append(files, file{path: real, from: real})
+		files = append(files, file{path: target, from: target})
 		return nil
 	}
 	for _, n := range names {
