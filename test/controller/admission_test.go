@@ -15,14 +15,13 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/podvol/podvol/internal/controller/admissionparams"
-	"github.com/podvol/podvol/test/kubetest"
 )
 
 // TestAdmissionParams: podvol's StorageClasses are found by provisioner,
 // whenever an admin adds or changes one, and written into the admission
 // policies' parameters beside the admin's own keys, which are kept.
 func TestAdmissionParams(t *testing.T) {
-	api := kubetest.StartWith(t, kubetest.Options{})
+	shared(t)
 	mgr, err := ctrl.NewManager(api.Config, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	if err != nil {
@@ -32,12 +31,13 @@ func TestAdmissionParams(t *testing.T) {
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(api.Config, client.Options{})
+	c, err := client.NewWithWatch(api.Config, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &env{t: t}
-	e.must(c.Create(bg, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "podvol-system"}}))
+	e.c = c
+	e.ns("podvol-system")
 	e.must(c.Create(bg, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "podvol-system", Name: "podvol-admission"}, Data: map[string]string{"inlineMaxSize": "5Gi"}}))
 	sc := func(name, provisioner string, params map[string]string) *storagev1.StorageClass {
 		return &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: provisioner, Parameters: params}

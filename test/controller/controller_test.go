@@ -5,10 +5,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -22,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,8 +31,6 @@ import (
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
 	"github.com/podvol/podvol/internal/names"
-	"github.com/podvol/podvol/internal/versions"
-	"github.com/podvol/podvol/test/kubetest"
 )
 
 type env struct {
@@ -46,36 +39,10 @@ type env struct {
 	rec events.EventRecorder
 }
 
-func TestMain(m *testing.M) {
-	ctrl.SetLogger(klog.NewKlogr())
-	os.Exit(m.Run())
-}
-
-func gatewayCRDs(t *testing.T) string {
-	return filepath.Join(moduleDir(t, versions.GatewayAPIModule), "config", "crd", "standard")
-}
-
-func snapshotCRDs(t *testing.T) string {
-	return filepath.Join(moduleDir(t, versions.SnapshotterClient), "config", "crd")
-}
-
-func moduleDir(t *testing.T, module string) string {
-	out, err := exec.Command("go", "mod", "download", "-json", module).Output()
-	if err != nil {
-		t.Fatalf("download %s for its CRDs: %v", module, err)
-	}
-	var m struct{ Dir string }
-	_ = json.Unmarshal(out, &m)
-	return m.Dir
-}
-
-// start runs an API server and podvol-controller's reconcilers in a
-// manager: all of them, or only those named.
+// start runs podvol-controller's reconcilers in a manager on the package's
+// API server: all of them, or only those named.
 func start(t *testing.T, only ...string) *env {
-	api := kubetest.StartWith(t, kubetest.Options{CRDDirs: []string{gatewayCRDs(t), snapshotCRDs(t)}, FeatureGates: "CrossNamespaceVolumeDataSource=true",
-		// The protection finalizers are removed by kube-controller-manager,
-		// which does not run here.
-		Flags: map[string]string{"disable-admission-plugins": "StorageObjectInUseProtection"}})
+	shared(t)
 	// Each test starts its own manager in this one process.
 	mgr, err := ctrl.NewManager(api.Config, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
@@ -165,7 +132,12 @@ func (e *env) events(ns, object string) string {
 }
 
 func (e *env) ns(name string) string {
-	e.must(e.c.Create(bg, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+	// The package's tests share one API server, where no namespace is
+	// ever deleted (no namespace controller): an earlier test's, emptied
+	// by wipe, is used again.
+	if err := e.c.Create(bg, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		e.t.Fatal(err)
+	}
 	return name
 }
 

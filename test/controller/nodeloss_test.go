@@ -27,15 +27,12 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/podvol/podvol/internal/controller/nodeloss"
-	"github.com/podvol/podvol/test/kubetest"
 )
 
 // startNodeLoss runs an API server and node-loss alone, configured by
 // configure; stop stops the controller (the API server runs on).
 func startNodeLoss(t *testing.T, configure func(*nodeloss.Reconciler)) (e *env, stop func()) {
-	// As start: the protection finalizers are removed by
-	// kube-controller-manager, which does not run here.
-	api := kubetest.StartWith(t, kubetest.Options{Flags: map[string]string{"disable-admission-plugins": "StorageObjectInUseProtection"}})
+	shared(t)
 	mgr, err := ctrl.NewManager(api.Config, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	if err != nil {
