@@ -5,13 +5,11 @@
 # on 2 cores; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")"
-CACHE=${PODVOL_CACHE:-/var/cache/podvol}
+. ../lib.sh
+CACHE=$(cache_dir)
 OUT=$CACHE/sidecars/bin
 mkdir -p "$OUT"
-# Test packages run in parallel and may all ask for the binaries at once:
-# one builds, the others wait and then find them cached.
-exec 9>"$CACHE/.build-lock"
-flock 9
+lock_cache "$CACHE/.build-lock"
 # name  module-dir  module  package-in-module; each version is the one the
 # module dir's go.mod requires (internal/versions checks those).
 SIDECARS=(
@@ -20,22 +18,14 @@ SIDECARS=(
   "csi-snapshotter snapshotter github.com/kubernetes-csi/external-snapshotter/v8 cmd/csi-snapshotter"
   "snapshot-controller snapshotter github.com/kubernetes-csi/external-snapshotter/v8 cmd/snapshot-controller"
 )
-start=$SECONDS
 i=0
 for s in "${SIDECARS[@]}"; do
   read -r name dir module sub <<<"$s"
-  pkg=$module/$sub
-  version=$(cd "$dir" && go list -m -f '{{.Version}}' "$module")
   i=$((i + 1))
+  version=$(cd "$dir" && module_version "$module")
   bin=$OUT/$name-$version
-  if [ -x "$bin" ]; then
-    echo "[$i/${#SIDECARS[@]}] $name $version: cached" >&2
-    continue
-  fi
-  echo "[$i/${#SIDECARS[@]}] building $name $version ($((SECONDS - start))s so far)..." >&2
-  t0=$SECONDS
-  (cd "$dir" && CGO_ENABLED=0 go build -ldflags "-s -w -X main.version=$version" -o "$bin.tmp" "$pkg")
-  mv "$bin.tmp" "$bin"
-  echo "[$i/${#SIDECARS[@]}] $name built in $((SECONDS - t0))s" >&2
+  # Static, for single-binary images.
+  build_into "$bin" "[$i/${#SIDECARS[@]}] $name $version" "a few minutes cold" \
+    sh -c 'cd "$1" && CGO_ENABLED=0 go build -ldflags "-s -w -X main.version=$2" -o "$3.tmp" "$4"' _ "$dir" "$version" "$bin" "$module/$sub"
 done
 echo "$OUT"
