@@ -14,30 +14,7 @@ import (
 func users(t *testing.T, n, noRights, withRights string, extra ...string) {
 	t.Helper()
 	res := strings.Join(append([]string{"pods"}, extra...), ", ")
-	apply(t, `apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: pods-only, namespace: %[1]s}
-rules:
-- {apiGroups: [""], resources: [%[2]s], verbs: [create, get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: pods-and-pvcs, namespace: %[1]s}
-rules:
-- {apiGroups: [""], resources: [%[2]s, persistentvolumeclaims], verbs: [create, get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: %[3]s, namespace: %[1]s}
-subjects: [{kind: User, name: %[3]s, apiGroup: rbac.authorization.k8s.io}]
-roleRef: {kind: Role, name: pods-only, apiGroup: rbac.authorization.k8s.io}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: %[4]s, namespace: %[1]s}
-subjects: [{kind: User, name: %[4]s, apiGroup: rbac.authorization.k8s.io}]
-roleRef: {kind: Role, name: pods-and-pvcs, apiGroup: rbac.authorization.k8s.io}
-`, n, res, noRights, withRights)
+	applyFile(t, "users.yaml", map[string]string{"NS": n, "RESOURCES": res, "NO_RIGHTS": noRights, "WITH_RIGHTS": withRights})
 }
 
 // asUser creates manifest with a server-side dry run as user.
@@ -48,14 +25,14 @@ func asUser(t *testing.T, user, manifest string) (string, error) {
 	return cluster.RunKubectl(ctx(t), "--as", user, "create", "--dry-run=server", "-f", f)
 }
 
-// TestAdmissionPolicyGaps: the ways around the PVC-rights policy are closed
+// testAdmissionPolicyGaps: the ways around the PVC-rights policy are closed
 // for a user without PVC rights (a ReplicationController, a template that
 // names no class while podvol's is the default, one naming podvol's class by
 // the beta annotation, a podvol StorageClass the policy was not shipped
 // with), and stay open for a user with them; a CSI
 // inline podvol volume is capped in size for everyone, by a cap an admin can
 // raise per namespace.
-func TestAdmissionPolicyGaps(t *testing.T) {
+func testAdmissionPolicyGaps(t *testing.T) {
 	n := ns(t)
 	users(t, n, "carol", "dave", "replicationcontrollers")
 	podWith := func(name, volume string) string {

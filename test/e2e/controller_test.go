@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// TestEphemeralCloneResetsOnDetach: a PVC that is a clone of a golden volume
+// testEphemeralCloneResetsOnDetach: a PVC that is a clone of a golden volume
 // is written by a pod; once the pod is gone, the next pod gets a fresh clone
 // with the golden data and none of the old writes.
-func TestEphemeralCloneResetsOnDetach(t *testing.T) {
+func testEphemeralCloneResetsOnDetach(t *testing.T) {
 	n := ns(t)
 	pvc(t, n, "golden", "podvol", "128Mi", "")
 	pod(t, n, "seed", "echo golden > /vol/f && sync", "persistentVolumeClaim: {claimName: golden}")
@@ -52,9 +52,9 @@ spec:
 	}
 }
 
-// TestPodvolEphemeralController: generic ephemeral volumes are served by
+// testPodvolEphemeralController: generic ephemeral volumes are served by
 // podvol-controller (kube-controller-manager's is off in the dev cluster).
-func TestPodvolEphemeralController(t *testing.T) {
+func testPodvolEphemeralController(t *testing.T) {
 	n := ns(t)
 	pod(t, n, "p", "true", ephemeralVolume)
 	waitPod(t, n, "p")
@@ -82,9 +82,9 @@ func grepLines(s, sub string) string {
 	return strings.Join(out, "\n")
 }
 
-// TestAdmissionPolicy: a user who may create pods but not PVCs cannot get a
+// testAdmissionPolicy: a user who may create pods but not PVCs cannot get a
 // podvol PVC through a pod's ephemeral volume; one who may create PVCs can.
-func TestAdmissionPolicy(t *testing.T) {
+func testAdmissionPolicy(t *testing.T) {
 	n := ns(t)
 	users(t, n, "alice", "bob")
 	manifest := "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: " + n + "}\nspec:\n" + podSpecYAML(ephemeralVolume)

@@ -18,9 +18,9 @@ const ephemeralVolume = `ephemeral:
       storageClassName: podvol
       resources: {requests: {storage: 128Mi}}`
 
-// TestGenericEphemeral: a PVC per pod, owned by it; data written in the pod
+// testGenericEphemeral: a PVC per pod, owned by it; data written in the pod
 // is gone with it, and so is the volume.
-func TestGenericEphemeral(t *testing.T) {
+func testGenericEphemeral(t *testing.T) {
 	n := ns(t)
 	before := poolImages(t)
 	pod(t, n, "scratch", "echo hello > /vol/f", ephemeralVolume)
@@ -52,8 +52,8 @@ func TestGenericEphemeral(t *testing.T) {
 	}
 }
 
-// TestInline: CSI inline volume, gone with its pod.
-func TestInline(t *testing.T) {
+// testInline: CSI inline volume, gone with its pod.
+func testInline(t *testing.T) {
 	n := ns(t)
 	before := poolImages(t)
 	pod(t, n, "inline", "echo inline > /vol/f", "csi:\n  driver: podvol.io\n  volumeAttributes: {size: 64Mi}")
@@ -73,10 +73,10 @@ func TestInline(t *testing.T) {
 	})
 }
 
-// TestPersistentSnapshotCloneResize: data survives the pod; a snapshot holds
+// testPersistentSnapshotCloneResize: data survives the pod; a snapshot holds
 // the data at its moment, a clone the data at its; a running pod sees its
 // volume grow.
-func TestPersistentSnapshotCloneResize(t *testing.T) {
+func testPersistentSnapshotCloneResize(t *testing.T) {
 	n := ns(t)
 	pvc(t, n, "data", "podvol-xfs", "512Mi", "")
 	pod(t, n, "writer", "echo one > /vol/f", "persistentVolumeClaim: {claimName: data}")
@@ -88,11 +88,7 @@ func TestPersistentSnapshotCloneResize(t *testing.T) {
 		t.Fatalf("after the pod was recreated: %q", got)
 	}
 
-	apply(t, `apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: snap, namespace: %s}
-spec: {volumeSnapshotClassName: podvol, source: {persistentVolumeClaimName: data}}
-`, n)
+	applyFile(t, "snapshot.yaml", map[string]string{"NS": n})
 	eventually(t, 3*time.Minute, func() string {
 		if r, _ := cluster.Get(ctx(t), n, "volumesnapshot/snap", "{.status.readyToUse}"); r != "true" {
 			return "snapshot not ready: " + r
@@ -134,9 +130,9 @@ spec: {volumeSnapshotClassName: podvol, source: {persistentVolumeClaimName: data
 	}
 }
 
-// TestCapacity: a pod asking for more than the pool has left stays Pending
+// testCapacity: a pod asking for more than the pool has left stays Pending
 // with a reason, and runs once room is made.
-func TestCapacity(t *testing.T) {
+func testCapacity(t *testing.T) {
 	n := ns(t)
 	pvc(t, n, "filler", "podvol", "14Gi", "")
 	pod(t, n, "filler", "true", "persistentVolumeClaim: {claimName: filler}")
@@ -150,8 +146,8 @@ func TestCapacity(t *testing.T) {
 	waitPod(t, n, "big")
 }
 
-// TestReadWriteOncePod: a second pod cannot use an RWOP volume.
-func TestReadWriteOncePod(t *testing.T) {
+// testReadWriteOncePod: a second pod cannot use an RWOP volume.
+func testReadWriteOncePod(t *testing.T) {
 	n := ns(t)
 	apply(t, `apiVersion: v1
 kind: PersistentVolumeClaim
@@ -167,9 +163,9 @@ spec:
 	waitPendingFor(t, n, "second", "ReadWriteOncePod")
 }
 
-// TestMetricsMatchVolumes: the plugin's metrics count the volumes podvol's
+// testMetricsMatchVolumes: the plugin's metrics count the volumes podvol's
 // PVs and inline pods have.
-func TestMetricsMatchVolumes(t *testing.T) {
+func testMetricsMatchVolumes(t *testing.T) {
 	n := ns(t)
 	pvc(t, n, "m", "podvol", "64Mi", "")
 	pod(t, n, "m", "true", "persistentVolumeClaim: {claimName: m}")

@@ -7,8 +7,10 @@ package e2e
 
 import (
 	"context"
+	"embed"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -48,10 +50,38 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// TestCluster runs the end-to-end tests on the dev cluster, in this order
+// (go test -run 'TestCluster/Inline' runs one). The order is written here,
+// not left to file names: the node replacement must come last, since it
+// replaces the cluster's node.
+func TestCluster(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"GenericEphemeral", testGenericEphemeral},
+		{"Inline", testInline},
+		{"PersistentSnapshotCloneResize", testPersistentSnapshotCloneResize},
+		{"RawBlockVolume", testRawBlockVolume},
+		{"Capacity", testCapacity},
+		{"ReadWriteOncePod", testReadWriteOncePod},
+		{"MetricsMatchVolumes", testMetricsMatchVolumes},
+		{"NonRootPodWritesWithFsGroup", testNonRootPodWritesWithFsGroup},
+		{"PodvolEphemeralController", testPodvolEphemeralController},
+		{"EphemeralCloneResetsOnDetach", testEphemeralCloneResetsOnDetach},
+		{"AdmissionPolicy", testAdmissionPolicy},
+		{"AdmissionPolicyGaps", testAdmissionPolicyGaps},
+		{"NodeReplaced", testNodeReplaced},
+	} {
+		t.Run(c.name, c.run)
+	}
+}
+
 // ns makes a namespace for one test and deletes it (and waits) afterwards.
 func ns(t *testing.T) string {
 	t.Helper()
-	name := "e2e-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	test := t.Name()[strings.LastIndex(t.Name(), "/")+1:]
+	name := "e2e-" + strings.ToLower(strings.NewReplacer("_", "-").Replace(test))
 	if len(name) > 60 {
 		name = name[:60]
 	}
@@ -98,6 +128,37 @@ func must(t *testing.T, what string, err error) {
 func apply(t *testing.T, manifest string, a ...any) {
 	t.Helper()
 	must(t, "apply", cluster.Apply(ctx(t), fmt.Sprintf(manifest, a...)))
+}
+
+// testdata holds the manifests a reader can also apply by hand (each says
+// how: envsubst fills its ${VARS}).
+//
+//go:embed testdata/*.yaml
+var testdata embed.FS
+
+var testdataVar = regexp.MustCompile(`\$\{[A-Z_]+\}`)
+
+// applyFile applies testdata/name with its ${VARS} filled in; IMAGE is the
+// dev cluster's busybox unless vars says otherwise. A variable left unset
+// fails the test rather than applying an empty string.
+func applyFile(t *testing.T, name string, vars map[string]string) {
+	t.Helper()
+	b, err := testdata.ReadFile("testdata/" + name)
+	must(t, "read testdata/"+name, err)
+	// Only ${UPPER_CASE} is a variable: a shell's $d in a pod's command
+	// stays as it is (as with envsubst given the variables' names).
+	manifest := testdataVar.ReplaceAllStringFunc(string(b), func(m string) string {
+		v := m[2 : len(m)-1]
+		if val, ok := vars[v]; ok {
+			return val
+		}
+		if v == "IMAGE" {
+			return devcluster.Image
+		}
+		t.Fatalf("testdata/%s uses %s, which the test does not set", name, m)
+		return ""
+	})
+	must(t, "apply testdata/"+name, cluster.Apply(ctx(t), manifest))
 }
 
 func get(t *testing.T, ns, obj, jsonpath string) string {

@@ -1,9 +1,10 @@
 package e2e
 
-// This file runs last: it replaces the cluster's node.
+// TestCluster runs this test last: it replaces the cluster's node.
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -13,7 +14,7 @@ import (
 	"github.com/podvol/podvol/internal/devcluster"
 )
 
-// TestNodeReplaced: the drain scenario of TopoLVM issue 41 and a StatefulSet
+// testNodeReplaced: the drain scenario of TopoLVM issue 41 and a StatefulSet
 // whose node goes away. A Deployment of two pods with generic ephemeral
 // volumes under a PodDisruptionBudget (maxUnavailable 1) cannot be drained
 // from the only node; the node is then replaced (on the single-node dev
@@ -23,7 +24,7 @@ import (
 // the lost node: once the old kubelet (killed) has not renewed its Lease for
 // node-loss's grace period (5 minutes as deploy/base ships it), and not
 // before. This test therefore takes over 5 minutes.
-func TestNodeReplaced(t *testing.T) {
+func testNodeReplaced(t *testing.T) {
 	n := ns(t)
 	old := cluster.NodeName
 	apply(t, `apiVersion: apps/v1
@@ -49,6 +50,7 @@ spec:
 	waitPod(t, n, "db-0")
 	oldClaim := get(t, n, "pvc/data-db-0", "{.metadata.uid}")
 	oldPV := get(t, n, "pvc/data-db-0", "{.spec.volumeName}")
+	oldHandle := get(t, "", "pv/"+oldPV, "{.spec.csi.volumeHandle}")
 
 	// The drain cannot finish on the only node: one pod is evicted, its
 	// replacement has nowhere to go, and the budget blocks the second.
@@ -116,6 +118,18 @@ spec:
 	})
 	if ev, _ := cluster.RunKubectl(ctx(t), "-n", n, "get", "events", "-o", "jsonpath={.items[*].reason}"); !strings.Contains(ev, "NodeLost") {
 		t.Fatalf("no NodeLost event: %s", ev)
+	}
+
+	// What was released is written down, and its image is still in the
+	// pool, which the dev cluster's new node serves (on a real replacement
+	// the disk is gone; on a node that comes back, it is what the record
+	// and docs/operations.md's "A node comes back" are for).
+	record := get(t, "podvol-system", "configmap/"+nodeloss.ReleasedRecordName(old), "{.data}")
+	if !strings.Contains(record, oldPV) || !strings.Contains(record, "volumeHandle="+oldHandle+" claim="+n+"/data-db-0") {
+		t.Fatalf("record of the volumes released from %s: %s", old, record)
+	}
+	if _, err := os.Stat(cluster.PoolDir() + "/volumes/" + oldHandle + ".img"); err != nil {
+		t.Fatalf("the released volume's image: %v", err)
 	}
 }
 
