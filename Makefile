@@ -14,7 +14,7 @@ build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-dev ./cmd/podvol-dev
 
 # Debian packages the tests and the dev cluster need (root).
-DEB_PACKAGES := e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git
+DEB_PACKAGES := e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git qemu-system-x86
 deps:
 	@echo "== installing Debian packages: $(DEB_PACKAGES)"
 	apt-get update -qq
