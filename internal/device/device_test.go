@@ -3,7 +3,9 @@ package device
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -112,5 +114,40 @@ func TestFormatProbeMount(t *testing.T) {
 				t.Fatalf("still mounted: %+v", m)
 			}
 		})
+	}
+}
+
+// A loop device attached from another mount namespace (the plugin's previous
+// container, before an upgrade or a restart) reports its backing file under
+// that namespace's path, which does not exist here: it is still found as the
+// image's, served, and detached.
+func TestLoopsOfAnotherMountNamespace(t *testing.T) {
+	img := image(t, 8<<20)
+	dir := filepath.Dir(img)
+	// A private mount namespace binds the image's directory elsewhere and
+	// attaches from there; the namespace is gone when the command exits.
+	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mkdir -p "$1/elsewhere" && mount --bind "$1" "$1/elsewhere" && losetup --find --show "$1/elsewhere/img"`, "sh", dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("attach from another mount namespace: %v\n%s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+	t.Logf("%s attached elsewhere; the kernel reports its backing file as %q", dev, LoopBackingFile(dev))
+	if devs, err := LoopsFor(img); err != nil || len(devs) != 1 || devs[0] != dev {
+		t.Fatalf("LoopsFor(%s) = %v, %v; want [%s]", img, devs, err, dev)
+	}
+	if !LoopServes(dev, img) {
+		t.Fatalf("LoopServes(%s, %s) = false", dev, img)
+	}
+	other := image(t, 1<<20)
+	if LoopServes(dev, other) {
+		t.Fatalf("LoopServes(%s, %s) = true for another file", dev, other)
+	}
+	if err := DetachLoop(dev, img); err != nil {
+		t.Fatal(err)
+	}
+	if devs, _ := LoopsFor(img); len(devs) != 0 {
+		t.Fatalf("still attached after DetachLoop: %v", devs)
 	}
 }

@@ -28,6 +28,7 @@ type Loops interface {
 	LoopDevices() (map[string]string, error)
 	LoopsFor(image string) ([]string, error)
 	LoopBackingFile(dev string) string
+	LoopServes(dev, image string) bool
 	LoopSetCapacity(dev string) error
 	DeviceSize(dev string) (int64, error)
 	DeviceNodeOf(path, dev string) error
@@ -89,6 +90,7 @@ func (Host) DetachLoop(dev, backing string) error                  { return Deta
 func (Host) LoopDevices() (map[string]string, error)               { return LoopDevices() }
 func (Host) LoopsFor(image string) ([]string, error)               { return LoopsFor(image) }
 func (Host) LoopBackingFile(dev string) string                     { return LoopBackingFile(dev) }
+func (Host) LoopServes(dev, image string) bool                     { return LoopServes(dev, image) }
 func (Host) LoopSetCapacity(dev string) error                      { return LoopSetCapacity(dev) }
 func (Host) DeviceSize(dev string) (int64, error)                  { return DeviceSize(dev) }
 func (Host) SyncDevice(dev string) error                           { return SyncDevice(dev) }

@@ -105,7 +105,10 @@ func DetachLoop(dev, backing string) error {
 	// to it: a detach by anyone else only marks it to detach on the last
 	// close, and a bound device cannot be attached again. So the check
 	// below holds for the ioctl after it.
-	if LoopBackingFile(dev) != backing {
+	// backing as the kernel reports it (LoopDevices), or the same file
+	// under this namespace's path (see LoopsFor).
+	serves := func() bool { return LoopBackingFile(dev) == backing || LoopServes(dev, backing) }
+	if !serves() {
 		f.Close()
 		return nil
 	}
@@ -117,10 +120,10 @@ func DetachLoop(dev, backing string) error {
 	// While anyone else holds the device open, the kernel only marks it
 	// to detach on the last close. Wait for that, so that the caller does
 	// not delete the image of a device that is still attached.
-	for i := 0; i < 100 && LoopBackingFile(dev) == backing; i++ {
+	for i := 0; i < 100 && serves(); i++ {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if LoopBackingFile(dev) == backing {
+	if serves() {
 		return fmt.Errorf("%s (%s) is still held open by another process: it detaches when that process lets go; retry", dev, backing)
 	}
 	return nil
@@ -148,20 +151,42 @@ func LoopDevices() (map[string]string, error) {
 	return out, nil
 }
 
-// LoopsFor returns the loop devices whose backing file is image, sorted.
+// LoopsFor returns the loop devices whose backing file is image, sorted. It
+// compares device and inode numbers, not paths: the kernel reports a loop's
+// backing file as a path in the mount namespace that attached it, and a
+// plugin restarted in a new container sees the loops its predecessor
+// attached under paths that are not its own (e.g. "/volumes/pv-….img").
 func LoopsFor(image string) ([]string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(image, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("stat %s: %w", image, err)
+	}
 	all, err := LoopDevices()
 	if err != nil {
 		return nil, err
 	}
 	var devs []string
-	for dev, file := range all {
-		if file == image {
+	for dev := range all {
+		if d, ino, err := LoopInode(dev); err == nil && d == st.Dev && ino == st.Ino {
 			devs = append(devs, dev)
 		}
 	}
 	sortDevs(devs)
 	return devs, nil
+}
+
+// LoopServes tells whether loop device dev is backed by image (the same
+// file, whatever path the kernel reports for it: see LoopsFor).
+func LoopServes(dev, image string) bool {
+	var st unix.Stat_t
+	if err := unix.Stat(image, &st); err != nil {
+		return false
+	}
+	d, ino, err := LoopInode(dev)
+	return err == nil && d == st.Dev && ino == st.Ino
 }
 
 func sortDevs(devs []string) {

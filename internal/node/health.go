@@ -60,7 +60,7 @@ func (n *Node) Health(ctx context.Context, id string, viaRuntime bool) ([]Condit
 	case backing == "":
 		add(Inaccessible, "LoopDeviceDetached", "loop device %s of the staged volume was detached: unstage and stage the volume again (restart the pod)", s.Device)
 		return cs, nil
-	case backing != img:
+	case !n.dev.LoopServes(s.Device, img):
 		add(Inaccessible, "LoopDeviceMismatch", "loop device %s now serves %s, not this volume's image: something outside podvol reused it; restart the pod to stage the volume again", s.Device, backing)
 		return cs, nil
 	}

@@ -217,7 +217,7 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 // stageIntact reports whether the recorded stage still exists in the kernel.
 func (n *Node) stageIntact(v *store.Volume) bool {
 	s := v.Stage
-	if n.dev.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
+	if !n.dev.LoopServes(s.Device, n.pool.ImagePath(v.ID)) {
 		return false
 	}
 	if _, direct := directPublication(v); s.Block || direct {
@@ -277,7 +277,7 @@ func (n *Node) teardownStage(v *store.Volume) error {
 	if !s.Block {
 		if m, err := n.dev.MountedAt(s.Path); err != nil {
 			return err
-		} else if m != nil && (m.Source == s.Device || n.dev.LoopBackingFile(m.Source) == n.pool.ImagePath(v.ID)) {
+		} else if m != nil && (m.Source == s.Device || n.dev.LoopServes(m.Source, n.pool.ImagePath(v.ID))) {
 			if err := n.dev.Unmount(s.Path); err != nil {
 				return err
 			}

@@ -22,7 +22,7 @@ func (n *Node) Quiesce(id string) (func(), error) {
 		return func() {}, nil
 	}
 	s := v.Stage
-	if n.dev.LoopBackingFile(s.Device) != n.pool.ImagePath(v.ID) {
+	if !n.dev.LoopServes(s.Device, n.pool.ImagePath(v.ID)) {
 		// Not attached (a reboot took it): nothing writes to the image.
 		return func() {}, nil
 	}

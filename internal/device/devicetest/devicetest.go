@@ -87,6 +87,7 @@ const (
 	LoopDevices      Op = "LoopDevices"
 	LoopsFor         Op = "LoopsFor"
 	LoopSetCapacity  Op = "LoopSetCapacity"
+	LoopServes       Op = "LoopServes"
 	DeviceSize       Op = "DeviceSize"
 	DeviceNodeOf     Op = "DeviceNodeOf"
 	SyncDevice       Op = "SyncDevice"
@@ -622,6 +623,15 @@ func (f *Fake) LoopBackingFile(dev string) string {
 		return l.name()
 	}
 	return ""
+}
+
+// LoopServes compares paths: the fake has one mount namespace, where a
+// loop's backing path is the image's.
+func (f *Fake) LoopServes(dev, image string) bool {
+	if f.enter(LoopServes, dev) != nil {
+		return false
+	}
+	return f.LoopBackingFile(dev) == filepath.Clean(image)
 }
 
 func (f *Fake) LoopSetCapacity(dev string) error {
