@@ -3,7 +3,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 GO ?= go
 
-.PHONY: all build test check vet lint fuzz bench clean deps demo up down
+.PHONY: all build test check vet lint fuzz bench clean deps demo up down conformance conformance-slow
 
 all: build
 
@@ -88,3 +88,19 @@ clean:
 # of free disk for the 80%-full volumes.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 5x -timeout 60m ./bench/
+
+# Kubernetes' external-storage e2e suite (v1.37.2, built unchanged from Go
+# modules by tools/e2e/build.sh) against podvol on the dev cluster, for each
+# test-driver definition in test/conformance (ext4, xfs, raw block, inline
+# ephemeral); reports in /var/lib/podvol-conformance. README, "Conformance".
+# Needs root. The dev cluster is one per machine: its users take this lock
+# (-o: the cluster's processes, if this run starts them, must not inherit it).
+CONFORMANCE_LOCK ?= /tmp/podvol-devcluster.lock
+conformance:
+	tools/e2e/build.sh >/dev/null
+	flock -o $(CONFORMANCE_LOCK) $(GO) run ./test/conformance
+
+# The suite's [Slow] specs, likewise.
+conformance-slow:
+	tools/e2e/build.sh >/dev/null
+	flock -o $(CONFORMANCE_LOCK) $(GO) run ./test/conformance -slow

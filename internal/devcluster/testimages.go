@@ -1,0 +1,107 @@
+package devcluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"strings"
+)
+
+// ImportTestImages builds stand-ins for the images Kubernetes' e2e storage
+// suite runs and imports them into the running cluster's containerd under
+// the references the suite uses (refs: what `e2e.test --list-images` prints).
+// agnhost is the agnhost binary built from the Kubernetes module. busybox,
+// nginx and glibc-dns-testing are the host's busybox with GNU dd (the specs
+// run `dd oflag=nocache`, which busybox's dd refuses) and dash as /bin/sh;
+// the pods the storage specs make with them name their command. pause is podvol-dev's own. A
+// reference of another image is not built: it is returned, for the caller
+// to report.
+func (c *Cluster) ImportTestImages(ctx context.Context, refs []string, agnhost string) (built, unknown []string, err error) {
+	if !c.Running() {
+		return nil, nil, fmt.Errorf("the dev cluster is not running")
+	}
+	shell, err := testShellFiles()
+	if err != nil {
+		return nil, nil, err
+	}
+	dir := c.path("test-images")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	for _, ref := range refs {
+		name := path.Base(ref)
+		if i := strings.LastIndex(name, ":"); i >= 0 {
+			name = name[:i]
+		}
+		var img image
+		switch name {
+		case "busybox", "nginx", "glibc-dns-testing":
+			img = image{ref: ref, cmd: []string{"sh"}, files: shell}
+		case "agnhost":
+			files := append([]file{{path: "/agnhost", from: agnhost, mode: 0o755}, {path: "/uploads", isDir: true}}, shell...)
+			img = image{ref: ref, entrypoint: []string{"/agnhost"}, cmd: []string{"pause"}, files: files}
+		case "pause":
+			img = image{ref: ref, entrypoint: []string{"/pause"}, files: []file{{path: "/pause", from: c.path("bin", "pause"), mode: 0o755}}}
+		default:
+			unknown = append(unknown, ref)
+			continue
+		}
+		archive := c.path("test-images", strings.NewReplacer("/", "_", ":", "_").Replace(ref)+".oci.tar")
+		if err := img.write(archive); err != nil {
+			return built, unknown, fmt.Errorf("image %s: %w", ref, err)
+		}
+		if _, err := c.run(ctx, "ctr", "-a", c.containerdSock(), "-n", "k8s.io", "images", "import", "--no-unpack", archive); err != nil {
+			return built, unknown, fmt.Errorf("import %s: %w", ref, err)
+		}
+		built = append(built, ref)
+	}
+	return built, unknown, nil
+}
+
+// testShellFiles is a busybox userland whose dd is GNU dd and whose sh is
+// dash (with the shared libraries they load).
+func testShellFiles() ([]file, error) {
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		return nil, err
+	}
+	applets, err := exec.Command(busybox, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("busybox --list: %w", err)
+	}
+	files := []file{
+		{path: "/bin/busybox", from: busybox, mode: 0o755},
+		{path: "/etc/passwd", data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
+		{path: "/etc/group", data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+		{path: "/tmp", isDir: true},
+		{path: "/root", isDir: true},
+	}
+	// The shell is dash, not busybox's: a static busybox's shell runs its
+	// own applets before anything on PATH, its dd included.
+	for _, a := range strings.Fields(string(applets)) {
+		if a != "busybox" && a != "dd" && a != "sh" {
+			files = append(files, file{path: "/bin/" + a, link: "busybox"})
+		}
+	}
+	seen := map[string]bool{}
+	for name, as := range map[string]string{"dd": "/bin/dd", "dash": "/bin/sh"} {
+		bins, err := hostBinaries(name)
+		if err != nil {
+			return nil, fmt.Errorf("%s (Debian: coreutils, dash): %w", name, err)
+		}
+		p, _ := exec.LookPath(name)
+		for _, f := range bins {
+			if f.path == p {
+				f.path = as
+			}
+			if strings.HasPrefix(f.path, "/bin/") && f.path != as || seen[f.path] {
+				continue // a symlink to it under /bin (busybox's here), or a library both load
+			}
+			seen[f.path] = true
+			files = append(files, f)
+		}
+	}
+	return files, nil
+}

@@ -1,0 +1,569 @@
+// Command conformance runs Kubernetes' external-storage e2e suite
+// (k8s.io/kubernetes/test/e2e/storage/external, built unchanged by
+// tools/e2e/build.sh) against podvol on the dev cluster, once per test-driver
+// definition in this directory (ext4, xfs, raw block, inline ephemeral), and
+// prints what passed, failed and was skipped, and why. `make conformance`
+// runs it; see the README's Conformance section.
+//
+// It brings the dev cluster up, or deploys podvol again on the running one
+// (which it then leaves running), builds the test images the suite runs and
+// imports them, and keeps each definition's JUnit report and log in -reports.
+// The dev cluster is one per machine: `make conformance` runs this under
+// `flock -o /tmp/podvol-devcluster.lock`, the lock its users take.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/xml"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/podvol/podvol/internal/devcluster"
+)
+
+// driver is one test-driver definition and the part of the suite it runs.
+type driver struct {
+	name string // its file is <name>.yaml
+	// focus and skip select the suite's test patterns this definition is
+	// run for: the other definitions run the rest (a partition, not a skip).
+	focus, skip string
+}
+
+var drivers = []driver{
+	// Filesystem volumes of each class; the block and generic-ephemeral
+	// block patterns are the block run's.
+	{name: "ext4", skip: `\(block volmode\)`},
+	{name: "xfs", skip: `\(block volmode\)`},
+	{name: "block", focus: `\(block volmode\)`},
+	{name: "inline"},
+}
+
+// machineSkips are the only specs not run, by exact name, because this
+// machine cannot run them (README, "Conformance"). Keyed by driver.
+var machineSkips = map[string]map[string]string{}
+
+func skip(why string, drivers []string, names ...string) {
+	for _, d := range drivers {
+		if machineSkips[d] == nil {
+			machineSkips[d] = map[string]string{}
+		}
+		for _, n := range names {
+			machineSkips[d][n] = why
+		}
+	}
+}
+
+func init() {
+	const prefix = "External Storage [Driver: podvol.io] "
+	skip("the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts; this machine refuses that even to root",
+		[]string{"ext4", "xfs"}, prefix+"[Testpattern: Dynamic PV (filesystem volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]")
+	skip("the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts; this machine refuses that even to root",
+		[]string{"block"}, prefix+"[Testpattern: Dynamic PV (block volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]")
+	skip("online growth of a mounted ext4 needs CAP_SYS_RESOURCE, which root lacks on this machine: podvol refuses with FAILED_PRECONDITION and grows it at the next stage",
+		[]string{"ext4"},
+		prefix+"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited while pod is using it",
+		prefix+"[Testpattern: Generic Ephemeral-volume (default fs) (immediate-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs",
+		prefix+"[Testpattern: Generic Ephemeral-volume (default fs) (late-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs")
+	skip("kubelet (v1.37) calls NodeExpandVolume after NodePublishVolume, even for a pod not yet running, so podvol grows the published ext4 online, which needs CAP_SYS_RESOURCE, which root lacks on this machine (on a node with it, online growth works)",
+		[]string{"ext4"},
+		prefix+"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
+		prefix+"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited and the pod is re-created on the same node after controller resize is finished")
+}
+
+// capabilities the suite (v1.37.2, test/e2e/storage/framework) knows: a key
+// that is not one of these is ignored by it.
+var knownCaps = strings.Fields("persistence block fsGroup volumeMountGroup exec snapshotDataSource snapshotMetadata groupSnapshot pvcDataSource multipods RWX controllerExpansion nodeExpansion offlineExpansion onlineExpansion volumeLimits singleNodeVolume topology capacity FSResizeFromSourceNotSupported readWriteOncePod multiplePVsSameID capReadOnlyMany seLinuxMount")
+
+func main() {
+	here := filepath.Join(devcluster.RepoRoot(), "test", "conformance")
+	slow := flag.Bool("slow", false, "run the [Slow] specs instead of the others")
+	only := flag.String("drivers", "", "comma-separated driver definitions to run (default: ext4,xfs,block,inline)")
+	reports := flag.String("reports", "/var/lib/podvol-conformance", "where each driver's JUnit report and log are kept")
+	keep := flag.Bool("keep", os.Getenv("PODVOL_E2E_KEEP") != "", "leave the dev cluster up afterwards")
+	parallel := flag.Int("parallel", 4, "definitions run at once (each is one e2e.test process, its specs one after another)")
+	redeploy := flag.Bool("redeploy", true, "on a running cluster, deploy podvol again first (podvol-dev up), as the e2e tests do")
+	report := flag.Bool("summary", false, "print the summary of the last run from -reports, and exit")
+	list := flag.Bool("list", false, "list the specs each definition would run, and exit (no cluster)")
+	flag.Parse()
+	if os.Geteuid() != 0 && !*list {
+		fail("the dev cluster runs a kubelet and containerd: run as root")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+
+	selected := drivers
+	if *only != "" {
+		selected = nil
+		for _, n := range strings.Split(*only, ",") {
+			found := false
+			for _, d := range drivers {
+				if d.name == n {
+					selected, found = append(selected, d), true
+				}
+			}
+			if !found {
+				fail("unknown driver definition %q", n)
+			}
+		}
+	}
+
+	if *report {
+		for _, d := range selected {
+			dir := filepath.Join(*reports, d.name)
+			if *slow {
+				dir += "-slow"
+			}
+			s, _ := summarize(d, filepath.Join(here, d.name+".yaml"), dir, 0)
+			fmt.Print(s)
+		}
+		return
+	}
+
+	fmt.Fprintln(os.Stderr, "== building the e2e suite and agnhost (cached by version)")
+	out, err := run(ctx, filepath.Join(devcluster.RepoRoot(), "tools", "e2e", "build.sh"))
+	if err != nil {
+		fail("tools/e2e/build.sh: %v", err)
+	}
+	bin := strings.TrimSpace(out)
+	e2e := filepath.Join(bin, "e2e.test")
+	repoList := filepath.Join(here, "repo-list.yaml")
+	fmt.Fprintf(os.Stderr, "   built or cached in %s\n", time.Since(start).Round(time.Second))
+
+	if *list {
+		for _, d := range selected {
+			args := suiteArgs(d, filepath.Join(here, d.name+".yaml"), repoList, *slow)
+			out, err := run(ctx, e2e, append(args, "--ginkgo.dry-run", "--ginkgo.v", "--ginkgo.no-color", "--kubeconfig=/dev/null")...)
+			if err != nil {
+				fail("%s: %v\n%s", d.name, err, out)
+			}
+			fmt.Printf("== %s\n", d.name)
+			for _, l := range strings.Split(out, "\n") {
+				if strings.HasPrefix(l, "External Storage") {
+					fmt.Println(l)
+				}
+			}
+		}
+		return
+	}
+
+	cluster := devcluster.New(devcluster.Config{Out: os.Stderr})
+	wasUp := cluster.Running()
+	code := 0
+	var err2 error
+	if !wasUp || *redeploy {
+		fmt.Fprintf(os.Stderr, "== bringing the dev cluster up (running already: %v)\n", wasUp)
+		err2 = cluster.Up(ctx)
+	}
+	if err2 != nil {
+		fmt.Fprintf(os.Stderr, "dev cluster: %v\n", err2)
+		code = 1
+	} else {
+		code = conformance(ctx, cluster, e2e, bin, repoList, here, *reports, selected, *slow, *parallel)
+	}
+	if !wasUp && !*keep {
+		fmt.Fprintln(os.Stderr, "== taking the dev cluster down")
+		if err := cluster.Down(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "tearing down the dev cluster: %v\n", err)
+			code = 1
+		}
+	}
+	fmt.Fprintf(os.Stderr, "== conformance done in %s\n", time.Since(start).Round(time.Second))
+	os.Exit(code)
+}
+
+func conformance(ctx context.Context, cluster *devcluster.Cluster, e2e, bin, repoList, here, reports string, selected []driver, slow bool, parallel int) int {
+	t0 := time.Now()
+	out, err := run(ctx, e2e, "--list-images", "--kube-test-repo-list="+repoList)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e.test --list-images: %v\n", err)
+		return 1
+	}
+	// Only the images repo-list.yaml maps to this machine: the others are
+	// ones the suite means to be unreachable, or no storage spec's.
+	var local []string
+	for _, ref := range strings.Fields(out) {
+		if strings.HasPrefix(ref, "localhost/") {
+			local = append(local, ref)
+		}
+	}
+	built, _, err := cluster.ImportTestImages(ctx, local, filepath.Join(bin, "agnhost"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "test images: %v\n", err)
+		return 1
+	}
+	sort.Strings(built)
+	fmt.Fprintf(os.Stderr, "== test images built and imported in %s: %s\n", time.Since(t0).Round(time.Second), strings.Join(built, " "))
+
+	kind := "not [Slow]"
+	if slow {
+		kind = "[Slow]"
+	}
+	type result struct {
+		summary string
+		failed  bool
+	}
+	results := make([]result, len(selected))
+	sem := make(chan struct{}, max(parallel, 1))
+	var wg sync.WaitGroup
+	for i, d := range selected {
+		dir := filepath.Join(reports, d.name)
+		if slow {
+			dir += "-slow"
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		def := filepath.Join(here, d.name+".yaml")
+		args := append(suiteArgs(d, def, repoList, slow),
+			"--kubeconfig="+cluster.Kubeconfig(), "--kubectl-path="+filepath.Join(bin, "kubectl"),
+			"--kubelet-root-dir="+filepath.Join(cluster.Dir, "kubelet"),
+			"--ginkgo.junit-report="+filepath.Join(dir, "junit.xml"), "--ginkgo.v", "--ginkgo.no-color",
+			"--ginkgo.timeout=6h", "--ginkgo.poll-progress-after=5m")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			fmt.Fprintf(os.Stderr, "== %s: External.Storage, %s (log: %s/e2e.log)\n", d.name, kind, dir)
+			t := time.Now()
+			runErr := runLogged(ctx, d.name, filepath.Join(dir, "e2e.log"), e2e, args...)
+			s, failed := summarize(d, def, dir, time.Since(t))
+			if runErr != nil && !failed {
+				s += fmt.Sprintf("  the suite exited with %v (see %s/e2e.log)\n", runErr, dir)
+				failed = true
+			}
+			results[i] = result{s, failed}
+			fmt.Fprintf(os.Stderr, "== %s done in %s\n", d.name, time.Since(t).Round(time.Second))
+		}()
+	}
+	wg.Wait()
+	code := 0
+	fmt.Printf("\n==== conformance summary (%s, %d definitions, %d at a time)\n", kind, len(selected), parallel)
+	for _, r := range results {
+		fmt.Print(r.summary)
+		if r.failed {
+			code = 1
+		}
+	}
+	return code
+}
+
+func suiteArgs(d driver, def, repoList string, slow bool) []string {
+	// The test pattern comes after "External Storage" in a spec's text, and
+	// [Slow] after the pattern.
+	focus := `External.Storage`
+	if d.focus != "" {
+		focus += ".*" + d.focus
+	}
+	skip := []string{`\[Disruptive\]`, `\[Serial\]`}
+	if slow {
+		focus += `.*\[Slow\]`
+	} else {
+		skip = append(skip, `\[Slow\]`)
+	}
+	if d.skip != "" {
+		skip = append(skip, d.skip)
+	}
+	var names []string
+	for n := range machineSkips[d.name] {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		// Ginkgo matches "<suite description> <spec text>".
+		skip = append(skip, " "+regexp.QuoteMeta(n)+"$")
+	}
+	return []string{
+		"--storage.testdriver=" + def, "--kube-test-repo-list=" + repoList,
+		"--ginkgo.focus=" + focus, "--ginkgo.skip=" + strings.Join(skip, "|"),
+		"--provider=skeleton", "--minStartupPods=0", "--disable-log-dump",
+	}
+}
+
+// junit is the part of Ginkgo's JUnit report read here.
+type junit struct {
+	Suites []struct {
+		Cases []testcase `xml:"testcase"`
+	} `xml:"testsuite"`
+}
+
+type testcase struct {
+	Name    string  `xml:"name,attr"`
+	Time    float64 `xml:"time,attr"`
+	Skipped *struct {
+		Message string `xml:"message,attr"`
+	} `xml:"skipped"`
+	Failure *struct {
+		Message string `xml:"message,attr"`
+	} `xml:"failure"`
+	Error *struct {
+		Message string `xml:"message,attr"`
+	} `xml:"error"`
+}
+
+// why is a failed case's message.
+func (c testcase) why() string {
+	if c.Failure != nil {
+		return c.Failure.Message
+	}
+	if c.Error != nil {
+		return c.Error.Message
+	}
+	return ""
+}
+
+// summarize reads a run's report and log: counts, each failure with its
+// message, the run-time skips grouped by reason, and whether the suite read
+// every key of the driver definition.
+func summarize(d driver, def, dir string, took time.Duration) (string, bool) {
+	var b strings.Builder
+	bad := false
+	fmt.Fprintf(&b, "\n=== %s (%s, %s)\n", d.name, filepath.Base(def), took.Round(time.Second))
+	if msg := checkDefinition(def, filepath.Join(dir, "e2e.log")); msg != "" {
+		fmt.Fprintf(&b, "DEFINITION NOT READ AS WRITTEN: %s\n", msg)
+		bad = true
+	} else {
+		fmt.Fprintf(&b, "definition: the suite's start-up log shows every key of %s\n", filepath.Base(def))
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "junit.xml"))
+	if err != nil {
+		fmt.Fprintf(&b, "no JUnit report: %v (see %s/e2e.log)\n", err, dir)
+		return b.String(), true
+	}
+	var r junit
+	if err := xml.Unmarshal(raw, &r); err != nil {
+		fmt.Fprintf(&b, "JUnit report: %v\n", err)
+		return b.String(), true
+	}
+	var passed, failed []string
+	skipped := map[string][]string{}
+	filtered := 0
+	for _, s := range r.Suites {
+		for _, c := range s.Cases {
+			name := strings.TrimPrefix(c.Name, "[It] ")
+			// Ginkgo appends the spec's labels.
+			if i := strings.LastIndex(name, " [Driver: podvol.io"); i > len("External Storage [Driver: podvol.io]") {
+				name = name[:i]
+			}
+			if !strings.HasPrefix(name, "External Storage") {
+				if c.Failure != nil || c.Error != nil {
+					failed = append(failed, c.Name+": "+firstLine(c.why()))
+				}
+				continue
+			}
+			switch {
+			case c.Failure != nil || c.Error != nil:
+				failed = append(failed, fmt.Sprintf("%s (%.0fs)\n      %s", name, c.Time, firstLine(c.why())))
+			case c.Skipped != nil:
+				m := strings.TrimSpace(strings.TrimPrefix(c.Skipped.Message, "skipped -"))
+				if m == "" || m == "skipped" {
+					filtered++ // not selected by focus/skip
+					continue
+				}
+				skipped[m] = append(skipped[m], name)
+			default:
+				passed = append(passed, name)
+			}
+		}
+	}
+	nSkipped := 0
+	for _, v := range skipped {
+		nSkipped += len(v)
+	}
+	fmt.Fprintf(&b, "ran %d: passed %d, failed %d; skipped at run time %d (by the suite, reasons below); not selected %d\n",
+		len(passed)+len(failed), len(passed), len(failed), nSkipped, filtered)
+	for _, f := range failed {
+		fmt.Fprintf(&b, "  FAILED %s\n", f)
+	}
+	var reasons []string
+	for m := range skipped {
+		reasons = append(reasons, m)
+	}
+	sort.Strings(reasons)
+	for _, m := range reasons {
+		fmt.Fprintf(&b, "  skipped %d: %s\n", len(skipped[m]), firstLine(m))
+	}
+	if names := machineSkips[d.name]; len(names) > 0 && !strings.HasSuffix(dir, "-slow") {
+		fmt.Fprintf(&b, "  not run on this machine (by exact name; README, Conformance): %d\n", len(names))
+	}
+	fmt.Fprintf(&b, "  report: %s/junit.xml, log: %s/e2e.log\n", dir, dir)
+	return b.String(), bad || len(failed) > 0
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i] + " …"
+	}
+	if len(s) > 300 {
+		s = s[:300] + " …"
+	}
+	return s
+}
+
+// checkDefinition checks that the suite read every key of the definition:
+// its YAML decoding is case-sensitive and ignores unknown keys, and an
+// unknown capability name is ignored by the specs. The suite logs the
+// definition it loaded ("Driver loaded from path [...]: {...}").
+func checkDefinition(def, logPath string) string {
+	raw, err := os.ReadFile(def)
+	if err != nil {
+		return err.Error()
+	}
+	var y struct {
+		DriverInfo struct {
+			Name                 string
+			Capabilities         map[string]bool
+			TopologyKeys         []string
+			SupportedFsType      map[string]any
+			SupportedMountOption map[string]any
+			SupportedSizeRange   struct{ Min, Max string }
+		}
+		InlineVolumes []struct{ Attributes map[string]string }
+	}
+	if err := yaml.Unmarshal(raw, &y); err != nil {
+		return fmt.Sprintf("%s: %v", def, err)
+	}
+	f, err := os.Open(logPath)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	var loaded string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "Driver loaded from path ["+def+"]") {
+			loaded = sc.Text()
+			break
+		}
+	}
+	if loaded == "" {
+		return "the suite's log has no \"Driver loaded from path\" line for " + def
+	}
+	var problems []string
+	known := map[string]bool{}
+	for _, k := range knownCaps {
+		known[k] = true
+	}
+	for k, v := range y.DriverInfo.Capabilities {
+		if !known[k] {
+			problems = append(problems, "capability "+k+" is not one the suite knows")
+		}
+		if !strings.Contains(loaded, fmt.Sprintf("%s:%v", k, v)) {
+			problems = append(problems, "capability "+k+" not in the loaded definition")
+		}
+	}
+	if len(y.DriverInfo.Capabilities) == 0 {
+		problems = append(problems, "no capabilities")
+	}
+	if !strings.Contains(loaded, "Name:"+y.DriverInfo.Name+" ") {
+		problems = append(problems, "DriverInfo.Name not loaded")
+	}
+	if len(y.DriverInfo.TopologyKeys) > 0 && !strings.Contains(loaded, "TopologyKeys:["+strings.Join(y.DriverInfo.TopologyKeys, " ")+"]") {
+		problems = append(problems, "TopologyKeys not loaded")
+	}
+	for name, set := range map[string]map[string]any{"SupportedFsType": y.DriverInfo.SupportedFsType, "SupportedMountOption": y.DriverInfo.SupportedMountOption} {
+		for k := range set {
+			if !strings.Contains(loaded, k+":{}") {
+				problems = append(problems, name+" "+k+" not loaded")
+			}
+		}
+	}
+	if r := y.DriverInfo.SupportedSizeRange; !strings.Contains(loaded, fmt.Sprintf("SupportedSizeRange:{Max:%s Min:%s ", r.Max, r.Min)) {
+		problems = append(problems, "SupportedSizeRange not loaded")
+	}
+	for _, iv := range y.InlineVolumes {
+		for k, v := range iv.Attributes {
+			if !strings.Contains(loaded, k+":"+v) {
+				problems = append(problems, "inline attribute "+k+" not loaded")
+			}
+		}
+	}
+	sort.Strings(problems)
+	return strings.Join(problems, "; ")
+}
+
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	return string(out), err
+}
+
+// Ginkgo's verbose output starts a spec with its name and ends it with a
+// line saying how it went: that line is shown with the name while the suite
+// runs, and the final counts.
+var (
+	specStart = regexp.MustCompile(`^External Storage `)
+	specEnd   = regexp.MustCompile(`^(• |S \[SKIPPED\]|P \[PENDING\])`)
+	counts    = regexp.MustCompile(`^(Ran \d+ of \d+|FAIL!|SUCCESS!)`)
+)
+
+// runLogged runs the suite with its output in logPath, showing its progress.
+func runLogged(ctx context.Context, tag, logPath, name string, args ...string) error {
+	log, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	fmt.Fprintf(log, "# %s %s\n", name, strings.Join(args, " "))
+	pr, pw := io.Pipe()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = pw, pw
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGINT) }
+	cmd.WaitDelay = time.Minute
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 1<<20), 4<<20)
+		name := ""
+		for sc.Scan() {
+			l := sc.Text()
+			fmt.Fprintln(log, l)
+			switch {
+			case specStart.MatchString(l):
+				name = strings.TrimPrefix(l, "External Storage [Driver: podvol.io] ")
+			case specEnd.MatchString(l):
+				if name != "" {
+					fmt.Fprintf(os.Stderr, "   [%s] %s %s\n", tag, l, name)
+				}
+				name = ""
+			case counts.MatchString(l):
+				fmt.Fprintf(os.Stderr, "   [%s] %s\n", tag, l)
+			}
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	err = cmd.Wait()
+	// Closing the pipe's write end only ends the reader above; it cannot
+	// fail in a way that matters for the suite's result.
+	_ = pw.Close()
+	<-done
+	return err
+}
+
+func fail(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "conformance: "+format+"\n", a...)
+	os.Exit(1)
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# build.sh [binary...]: builds Kubernetes' e2e suite (e2e.test: `go test -c
+# k8s.io/kubernetes/test/e2e`, unchanged upstream code) and agnhost (the test
+# image the storage specs run) from Go modules into the Kubernetes cache
+# directory keyed by version, and prints that directory. A binary already in
+# the cache is not rebuilt. Cold: ~15 minutes on 2 cores (e2e.test ~8,
+# agnhost ~7); progress goes to stderr.
+set -euo pipefail
+cd "$(dirname "$0")"
+. ../lib.sh
+K8S_VERSION=$(module_version k8s.io/kubernetes)
+CACHE=$(cache_dir)
+OUT=$CACHE/kubernetes-$K8S_VERSION/bin
+mkdir -p "$OUT"
+# Its own lock: the dev cluster's builds (tools/k8s, tools/sidecars) need not
+# wait for this one.
+lock_cache "$CACHE/.build-lock-e2e"
+LDFLAGS=$(k8s_ldflags "$K8S_VERSION")
+
+ORDER=(e2e.test agnhost)
+[ $# -gt 0 ] && ORDER=("$@")
+i=0
+for b in "${ORDER[@]}"; do
+  i=$((i + 1))
+  case $b in
+  e2e.test)
+    build_into "$OUT/$b" "[$i/${#ORDER[@]}] $b" "~8 min cold" \
+      go test -c -ldflags "$LDFLAGS" -o "$OUT/$b.tmp" k8s.io/kubernetes/test/e2e ;;
+  agnhost) # static: it runs alone in its image
+    build_into "$OUT/$b" "[$i/${#ORDER[@]}] $b" "~7 min cold" \
+      env CGO_ENABLED=0 go build -ldflags "$LDFLAGS" -o "$OUT/$b.tmp" k8s.io/kubernetes/test/images/agnhost ;;
+  *) echo "build.sh: unknown binary $b (known: e2e.test agnhost)" >&2; exit 2 ;;
+  esac
+done
+echo "$OUT"
