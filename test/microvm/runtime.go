@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/test/microvm/agentapi"
 	"github.com/podvol/podvol/test/microvm/guest"
 )
 
@@ -114,20 +115,7 @@ type Sandbox struct {
 }
 
 // Reply is the agent's answer.
-type Reply struct {
-	Error       string `json:"error,omitempty"`
-	Output      string `json:"output,omitempty"`
-	Exit        int    `json:"exit,omitempty"`
-	Device      string `json:"device,omitempty"`
-	Total       int64  `json:"total,omitempty"`
-	Used        int64  `json:"used,omitempty"`
-	Available   int64  `json:"available,omitempty"`
-	Inodes      int64  `json:"inodes,omitempty"`
-	InodesUsed  int64  `json:"inodesUsed,omitempty"`
-	InodesFree  int64  `json:"inodesFree,omitempty"`
-	DeviceBytes int64  `json:"deviceBytes,omitempty"`
-	Uptime      string `json:"uptime,omitempty"`
-}
+type Reply = agentapi.Reply
 
 // Start reads the mount information of the volume published at target,
 // records sandbox id beside it, boots the guest with the device and has the
@@ -180,7 +168,7 @@ func (r *Runtime) Start(ctx context.Context, target, id string) (*Sandbox, error
 		"-device", "virtio-blk-device,drive=vol,serial=podvol-volume",
 		"-device", "virtio-serial-device,max_ports=2",
 		"-chardev", "socket,id=agent,path=" + filepath.Join(s.dir, "agent.sock"),
-		"-device", "virtserialport,chardev=agent,name=podvol.agent",
+		"-device", "virtserialport,chardev=agent,name=" + agentapi.PortName,
 	}
 	s.cmd = exec.Command("qemu-system-x86_64", args...)
 	qlog, err := os.Create(filepath.Join(s.dir, "qemu.log"))
@@ -224,8 +212,8 @@ func (r *Runtime) Start(ctx context.Context, target, id string) (*Sandbox, error
 	r.logf("sandbox %s: guest agent ready after %v (guest uptime %s; disk %s)", id, s.Booted.Round(time.Millisecond), ready.Uptime, s.Device)
 
 	if info.FsType != "" {
-		rep, err := s.Call(ctx, map[string]any{"op": "mount", "fstype": info.FsType, "options": info.Options,
-			"fsGroup": info.Metadata[directvolume.MetaFsGroup], "fsGroupChangePolicy": info.Metadata[directvolume.MetaFsGroupChangePolicy]})
+		rep, err := s.Call(ctx, agentapi.Request{Op: agentapi.OpMount, FsType: info.FsType, Options: info.Options,
+			FsGroup: info.Metadata[directvolume.MetaFsGroup], FsGroupChangePolicy: info.Metadata[directvolume.MetaFsGroupChangePolicy]})
 		if err != nil {
 			return nil, err
 		}
@@ -269,17 +257,17 @@ func (s *Sandbox) read(ctx context.Context, d time.Duration, v any) error {
 }
 
 // Call sends one request to the guest agent and returns its answer.
-func (s *Sandbox) Call(ctx context.Context, req map[string]any) (*Reply, error) {
+func (s *Sandbox) Call(ctx context.Context, req agentapi.Request) (*Reply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b, _ := json.Marshal(req)
 	_ = s.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	if _, err := s.conn.Write(append(b, '\n')); err != nil {
-		return nil, fmt.Errorf("send %s to the agent: %w", req["op"], err)
+		return nil, fmt.Errorf("send %s to the agent: %w", req.Op, err)
 	}
 	rep := &Reply{}
 	if err := s.read(ctx, 5*time.Minute, rep); err != nil {
-		return nil, fmt.Errorf("%s: %w\n%s", req["op"], err, s.logs())
+		return nil, fmt.Errorf("%s: %w\n%s", req.Op, err, s.logs())
 	}
 	return rep, nil
 }
@@ -287,7 +275,7 @@ func (s *Sandbox) Call(ctx context.Context, req map[string]any) (*Reply, error) 
 // Exec runs a shell script in the guest as uid:gid with supplementary groups,
 // in the volume's mount.
 func (s *Sandbox) Exec(ctx context.Context, uid, gid uint32, groups []uint32, script string) (string, error) {
-	rep, err := s.Call(ctx, map[string]any{"op": "exec", "uid": uid, "gid": gid, "groups": groups, "cmd": script})
+	rep, err := s.Call(ctx, agentapi.Request{Op: agentapi.OpExec, UID: uid, GID: gid, Groups: groups, Cmd: script})
 	if err != nil {
 		return "", err
 	}
@@ -299,7 +287,7 @@ func (s *Sandbox) Exec(ctx context.Context, uid, gid uint32, groups []uint32, sc
 
 // Stats is statfs of the volume's mount in the guest.
 func (s *Sandbox) Stats(ctx context.Context) (*Reply, error) {
-	rep, err := s.Call(ctx, map[string]any{"op": "stats"})
+	rep, err := s.Call(ctx, agentapi.Request{Op: agentapi.OpStats})
 	if err != nil {
 		return nil, err
 	}
@@ -359,7 +347,7 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 		err = fmt.Errorf("qemu had already exited: %w", s.waitErr)
 	default:
 		var rep *Reply
-		rep, err = s.Call(ctx, map[string]any{"op": "shutdown"})
+		rep, err = s.Call(ctx, agentapi.Request{Op: agentapi.OpShutdown})
 		if err == nil && rep.Error != "" {
 			err = fmt.Errorf("guest shutdown: %s", rep.Error)
 		}

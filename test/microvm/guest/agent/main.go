@@ -28,42 +28,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/podvol/podvol/test/microvm/agentapi"
 )
-
-// PortName is the name of the virtio-serial port the runtime talks on.
-const PortName = "podvol.agent"
-
-// Mountpoint is where the volume is mounted in the guest.
-const Mountpoint = "/run/volume"
-
-type request struct {
-	Op                  string   `json:"op"`
-	FsType              string   `json:"fstype,omitempty"`
-	Options             []string `json:"options,omitempty"`
-	FsGroup             string   `json:"fsGroup,omitempty"`
-	FsGroupChangePolicy string   `json:"fsGroupChangePolicy,omitempty"`
-	UID                 uint32   `json:"uid,omitempty"`
-	GID                 uint32   `json:"gid,omitempty"`
-	Groups              []uint32 `json:"groups,omitempty"`
-	Cmd                 string   `json:"cmd,omitempty"`
-}
-
-type reply struct {
-	Error  string `json:"error,omitempty"`
-	Output string `json:"output,omitempty"`
-	Exit   int    `json:"exit,omitempty"`
-	Device string `json:"device,omitempty"`
-	// statfs of the mount, bytes and inodes
-	Total       int64 `json:"total,omitempty"`
-	Used        int64 `json:"used,omitempty"`
-	Available   int64 `json:"available,omitempty"`
-	Inodes      int64 `json:"inodes,omitempty"`
-	InodesUsed  int64 `json:"inodesUsed,omitempty"`
-	InodesFree  int64 `json:"inodesFree,omitempty"`
-	DeviceBytes int64 `json:"deviceBytes,omitempty"`
-	// Uptime is the guest's /proc/uptime when the agent is ready.
-	Uptime string `json:"uptime,omitempty"`
-}
 
 func logf(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "podvol-agent: "+format+"\n", a...)
@@ -118,15 +85,15 @@ func run() error {
 	logf("ready after %v: disk %s, channel %s", time.Since(start).Round(time.Millisecond), dev, port)
 	enc := json.NewEncoder(f)
 	up, _ = os.ReadFile("/proc/uptime")
-	if err := enc.Encode(reply{Device: dev, Uptime: strings.Fields(string(up) + " ?")[0] + "s"}); err != nil { // the "ready" line
+	if err := enc.Encode(agentapi.Reply{Device: dev, Uptime: strings.Fields(string(up) + " ?")[0] + "s"}); err != nil { // the "ready" line
 		return err
 	}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		var req request
+		var req agentapi.Request
 		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
-			_ = enc.Encode(reply{Error: "bad request: " + err.Error()})
+			_ = enc.Encode(agentapi.Reply{Error: "bad request: " + err.Error()})
 			continue
 		}
 		rep := handle(dev, &req)
@@ -140,23 +107,23 @@ func run() error {
 	return fmt.Errorf("channel closed: %w", errors.Join(sc.Err(), errors.New("end of channel")))
 }
 
-func handle(dev string, req *request) reply {
+func handle(dev string, req *agentapi.Request) agentapi.Reply {
 	switch req.Op {
-	case "mount":
+	case agentapi.OpMount:
 		if err := mountVolume(dev, req); err != nil {
-			return reply{Error: err.Error()}
+			return agentapi.Reply{Error: err.Error()}
 		}
-		return reply{Device: dev}
-	case "exec":
+		return agentapi.Reply{Device: dev}
+	case agentapi.OpExec:
 		cmd := exec.Command("/bin/sh", "-c", req.Cmd)
 		cmd.Dir = "/"
-		if _, err := os.Stat(Mountpoint); err == nil {
-			cmd.Dir = Mountpoint
+		if _, err := os.Stat(agentapi.Mountpoint); err == nil {
+			cmd.Dir = agentapi.Mountpoint
 		}
-		cmd.Env = []string{"PATH=/bin", "VOL=" + Mountpoint, "HOME=/tmp"}
+		cmd.Env = []string{"PATH=/bin", "VOL=" + agentapi.Mountpoint, "HOME=/tmp"}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: req.UID, Gid: req.GID, Groups: req.Groups}}
 		out, err := cmd.CombinedOutput()
-		r := reply{Output: string(out)}
+		r := agentapi.Reply{Output: string(out)}
 		if err != nil {
 			r.Exit = -1
 			var ee *exec.ExitError
@@ -167,13 +134,13 @@ func handle(dev string, req *request) reply {
 			}
 		}
 		return r
-	case "stats":
+	case agentapi.OpStats:
 		var st unix.Statfs_t
-		if err := unix.Statfs(Mountpoint, &st); err != nil {
-			return reply{Error: err.Error()}
+		if err := unix.Statfs(agentapi.Mountpoint, &st); err != nil {
+			return agentapi.Reply{Error: err.Error()}
 		}
 		bs := uint64(max(st.Bsize, 0))
-		r := reply{
+		r := agentapi.Reply{
 			Device: dev, Total: i64(st.Blocks * bs), Available: i64(st.Bavail * bs),
 			Used: i64((st.Blocks - st.Bfree) * bs), Inodes: i64(st.Files), InodesFree: i64(st.Ffree),
 			InodesUsed: i64(st.Files - st.Ffree),
@@ -183,10 +150,10 @@ func handle(dev string, req *request) reply {
 			r.DeviceBytes = n * 512
 		}
 		return r
-	case "shutdown":
+	case agentapi.OpShutdown:
 		unix.Sync()
-		if err := unix.Unmount(Mountpoint, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return reply{Error: "unmount: " + err.Error()}
+		if err := unix.Unmount(agentapi.Mountpoint, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return agentapi.Reply{Error: "unmount: " + err.Error()}
 		}
 		unix.Sync()
 		// Flush the disk's cache to the host before the machine goes.
@@ -194,9 +161,9 @@ func handle(dev string, req *request) reply {
 			_ = f.Sync()
 			f.Close()
 		}
-		return reply{}
+		return agentapi.Reply{}
 	}
-	return reply{Error: "unknown op " + req.Op}
+	return agentapi.Reply{Error: "unknown op " + req.Op}
 }
 
 // i64 converts a statfs count, capped (no filesystem here comes near).
@@ -237,7 +204,7 @@ func waitPort(d time.Duration) (string, error) {
 	for {
 		ents, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
 		for _, e := range ents {
-			if b, _ := os.ReadFile(e); strings.TrimSpace(string(b)) == PortName {
+			if b, _ := os.ReadFile(e); strings.TrimSpace(string(b)) == agentapi.PortName {
 				p := "/dev/" + filepath.Base(filepath.Dir(e))
 				if _, err := os.Stat(p); err == nil {
 					return p, nil
@@ -245,7 +212,7 @@ func waitPort(d time.Duration) (string, error) {
 			}
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("no virtio-serial port %q after %v", PortName, d)
+			return "", fmt.Errorf("no virtio-serial port %q after %v", agentapi.PortName, d)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -287,7 +254,7 @@ var flagOpts = map[string]struct {
 
 // mountVolume mounts dev with the runtime's fstype and options, as Kata's
 // agent does (flags as flags, the rest as data), then applies the fsGroup.
-func mountVolume(dev string, req *request) error {
+func mountVolume(dev string, req *agentapi.Request) error {
 	var flags uintptr
 	var data []string
 	for _, o := range req.Options {
@@ -304,7 +271,7 @@ func mountVolume(dev string, req *request) error {
 		}
 		data = append(data, o)
 	}
-	if err := os.MkdirAll(Mountpoint, 0o755); err != nil {
+	if err := os.MkdirAll(agentapi.Mountpoint, 0o755); err != nil {
 		return err
 	}
 	// The filesystem's modules are loaded now, as a module loader would on
@@ -319,10 +286,10 @@ func mountVolume(dev string, req *request) error {
 		}
 		logf("%s modules loaded in %v", req.FsType, time.Since(t0).Round(time.Millisecond))
 	}
-	if err := unix.Mount(dev, Mountpoint, req.FsType, flags, strings.Join(data, ",")); err != nil {
+	if err := unix.Mount(dev, agentapi.Mountpoint, req.FsType, flags, strings.Join(data, ",")); err != nil {
 		return fmt.Errorf("mount %s as %s (flags %#x, data %q): %w", dev, req.FsType, flags, strings.Join(data, ","), err)
 	}
-	logf("mounted %s on %s as %s, options %v", dev, Mountpoint, req.FsType, req.Options)
+	logf("mounted %s on %s as %s, options %v", dev, agentapi.Mountpoint, req.FsType, req.Options)
 	if req.FsGroup == "" {
 		return nil
 	}
@@ -330,7 +297,7 @@ func mountVolume(dev string, req *request) error {
 	if err != nil {
 		return fmt.Errorf("fsGroup %q: %w", req.FsGroup, err)
 	}
-	return applyFsGroup(Mountpoint, gid, req.FsGroupChangePolicy)
+	return applyFsGroup(agentapi.Mountpoint, gid, req.FsGroupChangePolicy)
 }
 
 // applyFsGroup does what kubelet does for a pod's fsGroup: group of every
