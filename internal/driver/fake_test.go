@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -228,5 +229,39 @@ func TestNodeLifecycleCodes(t *testing.T) {
 	wantCode(t, err, codes.NotFound, "unstage of a deleted volume")
 	if left := f.dev.Leftovers(); len(left) != 0 {
 		t.Fatalf("left: %v", left)
+	}
+}
+
+// A volume path that is not a clean absolute path, or lies in the pool, is
+// none of the volume's (NOT_FOUND, as the spec has it) and is never looked
+// at: the stats of a raw block volume otherwise stat the path given, to find
+// kubelet's device node.
+func TestVolumePathIsValidatedFirst(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	block := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	v, err := f.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "raw", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{block}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := v.GetVolume().GetVolumeId()
+	staging := filepath.Join(f.dir("staging"), id)
+	if _, err := f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: block}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"relative/path", staging + "/../x", f.d.cfg.Pool.Dir() + "/volumes/" + id + ".img"} {
+		_, err := f.d.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p})
+		wantCode(t, err, codes.NotFound, "stats at "+p)
+		if !strings.Contains(err.Error(), "has no path") {
+			t.Fatalf("stats at %s: %v, want it to say the path is not the volume's", p, err)
+		}
+	}
+	if n := f.dev.Calls(devicetest.DeviceNodeOf); n != 0 {
+		t.Fatalf("%d paths that are none of the volume's were looked at", n)
+	}
+	if _, err := f.d.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: staging}); err != nil {
+		t.Fatalf("stats at the staging path: %v", err)
 	}
 }

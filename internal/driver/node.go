@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
@@ -147,8 +149,9 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 }
 
 // volumeAtPath validates a request naming a volume and one of its paths and
-// returns the pool's id. The path is only compared with the ones the volume
-// was staged and published at, never touched otherwise: an unknown one is
+// returns the pool's id. The path is compared with the ones the volume was
+// staged and published at; the only other one looked at (stat) is a raw
+// block volume's device node at kubelet's map path. An unknown one is
 // NOT_FOUND, found by the layers below.
 func (d *Driver) volumeAtPath(id, path string) (string, error) {
 	if err := checkVolumeID(id); err != nil {
@@ -159,6 +162,11 @@ func (d *Driver) volumeAtPath(id, path string) (string, error) {
 	}
 	if _, err := d.lookup(id); err != nil {
 		return "", err
+	}
+	// A path that is not clean and absolute, or lies in the pool, is none
+	// of the volume's: NOT_FOUND, as the spec words it, and never looked at.
+	if err := d.checkPath("volume path", path); err != nil {
+		return "", status.Errorf(codes.NotFound, "volume %s has no path %q: %s", id, path, status.Convert(err).Message())
 	}
 	return d.volumeID(id), nil
 }
