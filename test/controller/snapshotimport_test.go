@@ -21,6 +21,7 @@ func TestImportedSnapshotsReachTheirNode(t *testing.T) {
 	e.vsc("imported", "podvol.io", "snap-0123456789abcdef01234567@node-a", nil)
 	e.vsc("gone-node", "podvol.io", "snap-0123456789abcdef01234568@node-z", nil)
 	e.vsc("old-handle", "podvol.io", "snap-0123456789abcdef01234569", nil)
+	e.vsc("bad-node", "podvol.io", "snap-0123456789abcdef0123456c@not a node/name", nil)
 	e.vsc("dynamic", "podvol.io", "snap-0123456789abcdef0123456a@node-a", map[string]string{snapshotimport.ManagedBy: "node-b"})
 	e.vsc("other-driver", "other.csi", "snap-0123456789abcdef0123456b@node-a", nil)
 
@@ -29,10 +30,11 @@ func TestImportedSnapshotsReachTheirNode(t *testing.T) {
 	e.eventually("events on the imported contents", func() bool {
 		return strings.Contains(e.events("default", "imported"), snapshotimport.ReasonRouted) &&
 			strings.Contains(e.events("default", "gone-node"), snapshotimport.ReasonNodeMissing) &&
-			strings.Contains(e.events("default", "old-handle"), snapshotimport.ReasonNoNode)
+			strings.Contains(e.events("default", "old-handle"), snapshotimport.ReasonNoNode) &&
+			strings.Contains(e.events("default", "bad-node"), "cannot be the value of label")
 	})
 	e.never("a content that names no node, is already routed, or is another driver's labelled", func() bool {
-		return e.vscLabel("old-handle") != "" || e.vscLabel("dynamic") != "node-b" || e.vscLabel("other-driver") != ""
+		return e.vscLabel("old-handle") != "" || e.vscLabel("bad-node") != "" || e.vscLabel("dynamic") != "node-b" || e.vscLabel("other-driver") != ""
 	})
 }
 

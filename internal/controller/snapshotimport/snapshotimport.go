@@ -12,12 +12,14 @@ package snapshotimport
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -99,6 +101,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if node == "" {
 		r.Recorder.Eventf(u, nil, corev1.EventTypeWarning, ReasonNoNode, "Route",
 			"snapshot handle %q names no node (made before podvol named nodes in handles), so podvol cannot tell which node's pool holds it: label this content %s=<that node> and its node's csi-snapshotter will take it", handle, ManagedBy)
+		return reconcile.Result{}, nil
+	}
+	if errs := validation.IsValidLabelValue(node); len(errs) > 0 {
+		// csi-snapshotter finds its contents by this label: a node whose
+		// name cannot be one cannot take any (nor can it run distributed
+		// snapshotting at all), and a retry would not change that.
+		r.Recorder.Eventf(u, nil, corev1.EventTypeWarning, ReasonNoNode, "Route",
+			"snapshot handle %q names node %q, which cannot be the value of label %s (%s): no csi-snapshotter can take this content; check the handle",
+			handle, node, ManagedBy, strings.Join(errs, "; "))
 		return reconcile.Result{}, nil
 	}
 	patch := client.MergeFrom(u.DeepCopy())
