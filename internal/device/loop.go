@@ -169,7 +169,13 @@ func LoopsFor(image string) ([]string, error) {
 		return nil, err
 	}
 	var devs []string
-	for dev := range all {
+	base := filepath.Base(image)
+	for dev, file := range all {
+		// Whatever the namespace, the reported path ends in the image's
+		// name: only those devices are opened and asked.
+		if filepath.Base(file) != base {
+			continue
+		}
 		if d, ino, err := LoopInode(dev); err == nil && d == st.Dev && ino == st.Ino {
 			devs = append(devs, dev)
 		}
