@@ -191,7 +191,9 @@ func (d *Driver) publishedNodes(v *store.Volume) []string {
 }
 
 // ListVolumes pages through volumes in id order. The token is the id to
-// start at, so a page stays valid when volumes before it are deleted.
+// start at: a cursor, not an offset, so a page costs what its volumes cost
+// and stays right when volumes are created or deleted between pages (every
+// volume that exists through the whole listing is on exactly one page).
 func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	vols, next, err := d.volumePage(req.GetMaxEntries(), req.GetStartingToken())
 	if err != nil {
@@ -212,32 +214,16 @@ func (d *Driver) volumePage(maxEntries int32, start string) ([]*store.Volume, st
 	if maxEntries < 0 {
 		return nil, "", invalid("max_entries must not be negative")
 	}
+	// Any id of the right shape is a valid cursor, including one whose
+	// volume has gone since the token was issued.
 	if start != "" && !pool.ValidID(start) {
 		return nil, "", status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
 	}
-	vols, err := d.cfg.Pool.Store().Volumes()
+	vols, next, err := d.cfg.Pool.Store().VolumePage(start, int(maxEntries), func(v *store.Volume) bool { return v.State == store.Ready })
 	if err != nil {
-		return nil, "", toStatus(err)
+		return nil, "", toStatus(fmt.Errorf("list volumes: %w", err))
 	}
-	vols, next := page(vols, start, maxEntries, func(v *store.Volume) (string, bool) { return v.ID, v.State == store.Ready })
 	return vols, next, nil
-}
-
-// page picks the items (in id order) that keep accepts, from the id start
-// on, at most maxEntries of them (0: no limit), and returns the id to continue at.
-func page[T any](items []T, start string, maxEntries int32, keep func(T) (id string, ok bool)) ([]T, string) {
-	var out []T
-	for _, it := range items {
-		id, ok := keep(it)
-		if !ok || id < start {
-			continue
-		}
-		if maxEntries > 0 && len(out) == int(maxEntries) {
-			return out, id
-		}
-		out = append(out, it)
-	}
-	return out, ""
 }
 
 func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
@@ -270,10 +256,7 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 			}
 		}
 	}
-	total, allocated, err := d.cfg.Pool.Capacity()
-	if err != nil {
-		return nil, toStatus(err)
-	}
+	total, allocated := d.cfg.Pool.Capacity()
 	free := max(total-allocated, 0)
 	return &csi.GetCapacityResponse{
 		AvailableCapacity: free,

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -128,13 +129,15 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 		}
 		return resp, nil
 	}
-	snaps, err := d.cfg.Pool.Store().Snapshots()
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	snaps, resp.NextToken = page(snaps, start, req.GetMaxEntries(), func(s *store.Snapshot) (string, bool) {
-		return s.ID, s.State == store.Ready && (req.GetSourceVolumeId() == "" || s.SourceID == req.GetSourceVolumeId())
+	// A cursor like ListVolumes'. Filtered by source volume, a page still
+	// reads the other volumes' snapshots between its own.
+	snaps, next, err := d.cfg.Pool.Store().SnapshotPage(start, int(req.GetMaxEntries()), func(s *store.Snapshot) bool {
+		return s.State == store.Ready && (req.GetSourceVolumeId() == "" || s.SourceID == req.GetSourceVolumeId())
 	})
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("list snapshots: %w", err))
+	}
+	resp.NextToken = next
 	for _, s := range snaps {
 		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: d.csiSnapshot(s)})
 	}

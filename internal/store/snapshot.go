@@ -23,6 +23,11 @@ func (s *Store) SnapshotByName(name string) (*Snapshot, error) { return s.snapsh
 // Snapshots returns every snapshot, ordered by id.
 func (s *Store) Snapshots() ([]*Snapshot, error) { return s.snapshots.list() }
 
+// SnapshotPage is VolumePage for snapshots.
+func (s *Store) SnapshotPage(start string, limit int, keep func(*Snapshot) bool) ([]*Snapshot, string, error) {
+	return s.snapshots.page(start, limit, keep)
+}
+
 // CreateSnapshot stores a new snapshot; the name must be free.
 func (s *Store) CreateSnapshot(snap *Snapshot) error { return s.snapshots.create(snap) }
 

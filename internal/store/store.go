@@ -121,6 +121,7 @@ func (p *Publication) Exclusive() bool { return p.AccessMode == AccessExclusive 
 // Store is the metadata database in the pool.
 type Store struct {
 	db        *bolt.DB
+	ledger    *ledger
 	volumes   table[Volume]
 	snapshots table[Snapshot]
 }
@@ -146,11 +147,17 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("initialise %s: %w", path, err), db.Close())
 	}
-	return &Store{
+	l := &ledger{}
+	s := &Store{
 		db:        db,
-		volumes:   table[Volume]{db: db, kind: "volume", records: bucketVolumes, names: bucketNames, id: func(v *Volume) string { return v.ID }, name: func(v *Volume) string { return v.Name }},
-		snapshots: table[Snapshot]{db: db, kind: "snapshot", records: bucketSnapshots, names: bucketSnapshotNames, id: func(s *Snapshot) string { return s.ID }, name: func(s *Snapshot) string { return s.Name }},
-	}, nil
+		ledger:    l,
+		volumes:   table[Volume]{db: db, ledger: l, kind: "volume", records: bucketVolumes, names: bucketNames, id: func(v *Volume) string { return v.ID }, name: func(v *Volume) string { return v.Name }, usage: volumeUsage},
+		snapshots: table[Snapshot]{db: db, ledger: l, kind: "snapshot", records: bucketSnapshots, names: bucketSnapshotNames, id: func(s *Snapshot) string { return s.ID }, name: func(s *Snapshot) string { return s.Name }, usage: snapshotUsage},
+	}
+	if _, _, err := s.Recount(); err != nil {
+		return nil, errors.Join(fmt.Errorf("open %s: %w", path, err), db.Close())
+	}
+	return s, nil
 }
 
 // Close releases the database.
@@ -164,6 +171,13 @@ func (s *Store) VolumeByName(name string) (*Volume, error) { return s.volumes.by
 
 // Volumes returns every volume, ordered by id.
 func (s *Store) Volumes() ([]*Volume, error) { return s.volumes.list() }
+
+// VolumePage returns, in id order from the id start on, at most limit
+// volumes (0: no limit) that keep accepts, and the id the next page starts
+// at ("" after the last). Its cost follows the page, not the store.
+func (s *Store) VolumePage(start string, limit int, keep func(*Volume) bool) ([]*Volume, string, error) {
+	return s.volumes.page(start, limit, keep)
+}
 
 // Create stores a new volume. It fails if the name is taken, so that two
 // concurrent creations of one name cannot both proceed.

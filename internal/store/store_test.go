@@ -61,3 +61,51 @@ func TestStorePersistsAndIndexesNames(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A page starts at its cursor, whether or not a record has that id, and
+// names the first record of the next page.
+func TestPagesStartAtTheirCursor(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	for _, id := range []string{"a", "b", "c", "d", "e"} {
+		state := Ready
+		if id == "b" {
+			state = Creating
+		}
+		if err := s.Create(&Volume{ID: id, Name: id, SizeBytes: 1, State: state}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ready := func(v *Volume) bool { return v.State == Ready }
+	for _, c := range []struct {
+		start string
+		limit int
+		want  string
+		next  string
+	}{
+		{"", 2, "a c", "d"},
+		{"bb", 2, "c d", "e"},
+		{"d", 2, "d e", ""},
+		{"", 0, "a c d e", ""},
+		{"f", 2, "", ""},
+	} {
+		vols, next, err := s.VolumePage(c.start, c.limit, ready)
+		var ids []string
+		for _, v := range vols {
+			ids = append(ids, v.ID)
+		}
+		if err != nil || strings.Join(ids, " ") != c.want || next != c.next {
+			t.Errorf("page from %q, at most %d: %v next %q, %v; want %s next %q", c.start, c.limit, ids, next, err, c.want, c.next)
+		}
+	}
+	if u := s.Usage(); u.Volumes != 5 || u.VolumeBytes != 5 {
+		t.Fatalf("usage %+v", u)
+	}
+}

@@ -176,6 +176,10 @@ func (p *Plugin) Identity() csi.IdentityClient     { return csi.NewIdentityClien
 func (p *Plugin) Controller() csi.ControllerClient { return csi.NewControllerClient(p.Conn()) }
 func (p *Plugin) Node() csi.NodeClient             { return csi.NewNodeClient(p.Conn()) }
 
+// PID is the process id of the running plugin (benchmarks read its memory
+// from /proc).
+func (p *Plugin) PID() int { return p.cmd.Process.Pid }
+
 // Log is what the plugin printed so far.
 func (p *Plugin) Log() string { return p.log.String() }
 
