@@ -1,7 +1,8 @@
 // Command podvol-controller is podvol's cluster-wide half: the ephemeral
 // volume controller, the ephemeral-clone lifecycle, the release of local
-// volumes of lost nodes, the admission policies' parameters and the routing
-// of imported snapshots to their node (internal/controller/...).
+// volumes of lost nodes, the admission policies' parameters, the routing of
+// imported snapshots to their node and the placement of restores and clones
+// on their source's node (internal/controller/...).
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/ephemeral"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
+	"github.com/podvol/podvol/internal/controller/sourceplacement"
 	"github.com/podvol/podvol/internal/names"
 )
 
@@ -40,8 +42,8 @@ func main() {
 		healthAddr  = flag.String("health-address", "127.0.0.1:9810", "address of /healthz and /readyz")
 		leaderElect = flag.Bool("leader-elect", true, "run one active instance (a Lease in --leader-election-namespace)")
 		leaseNS     = flag.String("leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader election Lease")
-		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import", "controllers to run")
-		driver      = flag.String("driver", names.Driver, "CSI driver whose volumes node-loss releases and whose StorageClasses the admission policies check")
+		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import,source-placement", "controllers to run")
+		driver      = flag.String("driver", names.Driver, "CSI driver whose volumes node-loss releases, whose StorageClasses the admission policies check and whose restores and clones source-placement places")
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
 			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released; a renewal seen after the deletion means the node lives, and nothing is released")
 		showVersion      = flag.Bool("version", false, "print the version and exit")
@@ -122,9 +124,11 @@ func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers,
 			err = (&admissionparams.Reconciler{Client: mgr.GetClient(), Driver: driver, Namespace: leaseNS, Name: admissionParams}).SetupWithManager(mgr)
 		case "snapshot-import":
 			err = (&snapshotimport.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver}).SetupWithManager(mgr)
+		case "source-placement":
+			err = (&sourceplacement.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver}).SetupWithManager(mgr)
 		case "":
 		default:
-			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import)", name)
+			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import, source-placement)", name)
 		}
 		if err != nil {
 			return fmt.Errorf("set up %s: %w", name, err)

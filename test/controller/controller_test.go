@@ -30,6 +30,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/ephemeral"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
+	"github.com/podvol/podvol/internal/controller/sourceplacement"
 	"github.com/podvol/podvol/internal/names"
 )
 
@@ -55,6 +56,8 @@ func start(t *testing.T, only ...string) *env {
 		"clone-lifecycle":  &clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec},
 		"node-loss":        &nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
 		"snapshot-import":  &snapshotimport.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
+		"source-placement": &sourceplacement.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io",
+			Backoff: placementBackoff, Wait: 500 * time.Millisecond},
 	} {
 		if len(only) > 0 && !slices.Contains(only, name) {
 			continue

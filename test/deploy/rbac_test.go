@@ -105,7 +105,8 @@ func notNeeded() []access {
 
 // controllerNeeded are the calls of podvol-controller's pod whose grants
 // are narrowed to names or namespaces (the rest of rbac-controller.yaml is
-// cluster-wide by nature: see its comments).
+// cluster-wide by nature: see its comments), and those of source-placement
+// (internal/controller/sourceplacement).
 func controllerNeeded() []access {
 	var a []access
 	add := func(x ...access) { a = append(a, x...) }
@@ -117,6 +118,19 @@ func controllerNeeded() []access {
 	}
 	add(access{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "node-a", who: "node-loss"})
 	add(verbs("clone-lifecycle, admission-params, node-loss", "", "configmaps", "", namespace, "get", "list", "create", "patch", "delete")...)
+	// source-placement: its cache (list, watch) and reads (get) of claims,
+	// their sources' PVs, StorageClasses, Nodes and snapshots; the selected
+	// node it sets on a claim (patch); its events on claims and their pods.
+	const sp = "source-placement"
+	add(verbs(sp, "", "persistentvolumeclaims", "", "", "list", "watch")...)
+	add(verbs(sp, "", "persistentvolumeclaims", "", "tenant", "get", "patch")...)
+	add(verbs(sp, "", "persistentvolumes", "", "", "get", "list", "watch")...)
+	add(verbs(sp, "storage.k8s.io", "storageclasses", "", "", "get", "list", "watch")...)
+	add(verbs(sp, "", "nodes", "", "", "get", "list", "watch")...)
+	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshots", "", "", "list", "watch")...)
+	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshots", "", "tenant", "get")...)
+	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshotcontents", "", "", "get", "list", "watch")...)
+	add(verbs(sp, "events.k8s.io", "events", "", "tenant", "create", "patch")...)
 	return a
 }
 

@@ -1,0 +1,520 @@
+// Package sourceplacement provisions restores and clones on the node that
+// holds their source. A podvol snapshot or volume lives in one node's pool,
+// and a PVC that restores or clones it can only be provisioned there (the
+// plugin of any other node answers NOT_FOUND). With WaitForFirstConsumer the
+// scheduler does not know this and picks any node with room. It has one
+// rule that fits, though: for an unbound claim that already carries the
+// annotation volume.kubernetes.io/selected-node, kube-scheduler's volume
+// binding considers that node only (FindPodVolumes: "Fast path, skip
+// unmatched node"), and that node's csi-provisioner (--node-deployment)
+// provisions it. So this controller finds the source's node (the source PV's
+// node affinity on topology.podvol.io/node, or the node a snapshot handle
+// names: package snaphandle) and sets the annotation to it, replacing a node
+// the scheduler picked first: the scheduler's PreBind then sees the change
+// and schedules the pod again, onto that node.
+//
+// When the source's node has no room, its csi-provisioner gets
+// RESOURCE_EXHAUSTED and removes the annotation to ask the scheduler for
+// another node, where the claim cannot be provisioned either. The controller
+// marks the claims it placed (podvol.io/source-node) and, finding the
+// annotation removed from one, places it again only after Reconciler.Backoff:
+// a retry every Backoff, not a fight with the provisioner.
+//
+// A source in another namespace (dataSourceRef.namespace) is not acted on:
+// which node holds it is the other namespace's to tell, and a ReferenceGrant
+// check is not this controller's to make. A Warning event says so.
+package sourceplacement
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/snaphandle"
+)
+
+// Annotations.
+const (
+	// SelectedNode is the scheduler's: the node that provisions an unbound
+	// WaitForFirstConsumer claim.
+	SelectedNode = "volume.kubernetes.io/selected-node"
+	// SourceNode marks a claim this controller placed, with the node.
+	SourceNode = "podvol.io/source-node"
+)
+
+// Event reasons.
+const (
+	ReasonPlaced = "PlacedWithSource"
+	// ReasonNoRoom: the source's node's provisioner gave the claim back.
+	ReasonNoRoom = "SourceNodeFull"
+	// ReasonNodeMissing: the node that holds the source is not in the
+	// cluster.
+	ReasonNodeMissing = "SourceNodeMissing"
+	// ReasonNoNode: the source names no node.
+	ReasonNoNode = "SourceNodeUnknown"
+	// ReasonOtherNamespace: the source is in another namespace.
+	ReasonOtherNamespace = "SourceInOtherNamespace"
+)
+
+// Defaults of Reconciler.Backoff and Reconciler.Wait.
+const (
+	DefaultBackoff = 30 * time.Second
+	DefaultWait    = 10 * time.Second
+)
+
+const snapshotGroup = "snapshot.storage.k8s.io"
+
+// SnapshotGVK and ContentGVK are the snapshot kinds read here.
+var (
+	SnapshotGVK = schema.GroupVersionKind{Group: snapshotGroup, Version: "v1", Kind: "VolumeSnapshot"}
+	ContentGVK  = schema.GroupVersionKind{Group: snapshotGroup, Version: "v1", Kind: "VolumeSnapshotContent"}
+)
+
+// Field indexes of PVCs by the source they name in their own namespace.
+const (
+	claimIndex    = "podvol.source-claim"
+	snapshotIndex = "podvol.source-snapshot"
+)
+
+// Reconciler places Driver's restores and clones on their source's node.
+type Reconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	Driver   string
+	// Backoff is how long a claim whose placement the source node's
+	// provisioner gave back (no room) waits before it is placed there
+	// again; also how often a source whose node is not in the cluster is
+	// looked at again. Zero means DefaultBackoff.
+	Backoff time.Duration
+	// Wait is how often a source that is not ready to tell its node (a
+	// claim not bound yet, a snapshot not bound or not cut yet) is looked
+	// at again, besides the events that wake it. Zero means DefaultWait.
+	Wait time.Duration
+
+	// snapshots is whether VolumeSnapshots are served (SetupWithManager).
+	snapshots bool
+
+	mu sync.Mutex
+	// displaced: since when a claim placed here has been without its
+	// placement (the provisioner removed it).
+	displaced map[types.NamespacedName]since
+	// warned: the last Warning recorded for a claim, not repeated.
+	warned map[types.NamespacedName]since
+}
+
+// since is a claim's state: of the claim with uid, since at, what.
+type since struct {
+	uid  types.UID
+	at   time.Time
+	what string
+}
+
+func (r *Reconciler) backoff() time.Duration {
+	if r.Backoff > 0 {
+		return r.Backoff
+	}
+	return DefaultBackoff
+}
+
+func (r *Reconciler) wait() time.Duration {
+	if r.Wait > 0 {
+		return r.Wait
+	}
+	return DefaultWait
+}
+
+// SetupWithManager watches the unbound claims that restore or clone, the
+// claims they clone (to act once those are bound) and, when the snapshot
+// CRDs are installed, the VolumeSnapshots they restore. Without the CRDs
+// only clones are placed (restart podvol-controller after installing them).
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	switch _, err := mgr.GetRESTMapper().RESTMapping(SnapshotGVK.GroupKind(), SnapshotGVK.Version); {
+	case meta.IsNoMatchError(err):
+		mgr.GetLogger().Info("VolumeSnapshot is not served (snapshot CRDs not installed): source-placement places clones only, not restores, until podvol-controller restarts after they are")
+	case err != nil:
+		return fmt.Errorf("look up %s: %w", SnapshotGVK, err)
+	default:
+		r.snapshots = true
+	}
+	for name, kind := range map[string]string{claimIndex: "PersistentVolumeClaim", snapshotIndex: "VolumeSnapshot"} {
+		err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.PersistentVolumeClaim{}, name, func(o client.Object) []string {
+			pvc := o.(*corev1.PersistentVolumeClaim)
+			if s, ok := sourceOf(pvc); ok && candidate(pvc) && s.kind == kind && s.namespace == "" {
+				return []string{s.name}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	dependents := func(index string) handler.EventHandler {
+		return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			l := &corev1.PersistentVolumeClaimList{}
+			if err := r.Client.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{index: o.GetName()}); err != nil {
+				log.FromContext(ctx).Error(err, "List the claims of a source", "source", client.ObjectKeyFromObject(o))
+				return nil
+			}
+			var reqs []reconcile.Request
+			for _, p := range l.Items {
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
+			}
+			return reqs
+		})
+	}
+	isCandidate := func(o client.Object) bool {
+		pvc, ok := o.(*corev1.PersistentVolumeClaim)
+		return ok && candidate(pvc)
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
+		Named("source-placement").
+		For(&corev1.PersistentVolumeClaim{}, builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(e event.CreateEvent) bool { return isCandidate(e.Object) },
+			// The update that binds a claim lets the controller forget it.
+			UpdateFunc:  func(e event.UpdateEvent) bool { return isCandidate(e.ObjectOld) || isCandidate(e.ObjectNew) },
+			DeleteFunc:  func(e event.DeleteEvent) bool { return isCandidate(e.Object) },
+			GenericFunc: func(e event.GenericEvent) bool { return isCandidate(e.Object) },
+		})).
+		// A source claim that gets bound wakes its clones.
+		Watches(&corev1.PersistentVolumeClaim{}, dependents(claimIndex), builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return o.(*corev1.PersistentVolumeClaim).Spec.VolumeName != ""
+		})))
+	if r.snapshots {
+		vs := &unstructured.Unstructured{}
+		vs.SetGroupVersionKind(SnapshotGVK)
+		b = b.Watches(vs, dependents(snapshotIndex))
+	}
+	return b.Complete(r)
+}
+
+// source is what a claim is made from.
+type source struct {
+	// kind is PersistentVolumeClaim or VolumeSnapshot.
+	kind, name string
+	// namespace is dataSourceRef's, "" for the claim's own.
+	namespace string
+}
+
+func (s source) String() string { return s.kind + "/" + s.name }
+
+// sourceOf returns a claim's source if it is a PVC or a VolumeSnapshot.
+// dataSourceRef, when set, is the one that counts (the API server copies
+// a same-namespace one to dataSource and back).
+func sourceOf(pvc *corev1.PersistentVolumeClaim) (source, bool) {
+	var group, kind, name, ns string
+	switch ref, ds := pvc.Spec.DataSourceRef, pvc.Spec.DataSource; {
+	case ref != nil:
+		kind, name = ref.Kind, ref.Name
+		if ref.APIGroup != nil {
+			group = *ref.APIGroup
+		}
+		if ref.Namespace != nil && *ref.Namespace != pvc.Namespace {
+			ns = *ref.Namespace
+		}
+	case ds != nil:
+		kind, name = ds.Kind, ds.Name
+		if ds.APIGroup != nil {
+			group = *ds.APIGroup
+		}
+	default:
+		return source{}, false
+	}
+	s := source{kind: kind, name: name, namespace: ns}
+	return s, (group == "" && kind == "PersistentVolumeClaim") || (group == snapshotGroup && kind == "VolumeSnapshot")
+}
+
+// candidate tells whether a claim may need placing: unbound, not being
+// deleted, made from a PVC or a VolumeSnapshot.
+func candidate(pvc *corev1.PersistentVolumeClaim) bool {
+	_, ok := sourceOf(pvc)
+	return ok && pvc.Spec.VolumeName == "" && pvc.DeletionTimestamp == nil
+}
+
+// problem is why a claim cannot be placed, for a Warning event.
+type problem struct{ reason, note string }
+
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Client.Get(ctx, req.NamespacedName, pvc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	src, ok := sourceOf(pvc)
+	if !ok || !candidate(pvc) {
+		r.forget(req.NamespacedName)
+		return reconcile.Result{}, nil
+	}
+	if ours, err := r.placedByDriver(ctx, pvc); err != nil || !ours {
+		return reconcile.Result{}, err
+	}
+	if src.namespace != "" {
+		r.warnOnce(pvc, problem{ReasonOtherNamespace, fmt.Sprintf(
+			"its data source %s is in namespace %s: podvol places only claims whose source is in their own namespace on the source's node. Give the pod a node affinity to the node that holds the source (%s of the source's PV), or the claim may be provisioned on a node that does not have it (NOT_FOUND)",
+			src, src.namespace, names.TopologyKey)})
+		return reconcile.Result{}, nil
+	}
+	var node string
+	var why *problem
+	var wait bool
+	var err error
+	switch src.kind {
+	case "PersistentVolumeClaim":
+		node, why, wait, err = r.claimNode(ctx, pvc.Namespace, src.name)
+	default:
+		if !r.snapshots {
+			return reconcile.Result{}, nil
+		}
+		node, why, wait, err = r.snapshotNode(ctx, pvc.Namespace, src.name)
+	}
+	switch {
+	case err != nil:
+		return reconcile.Result{}, err
+	case wait:
+		return reconcile.Result{RequeueAfter: r.wait()}, nil
+	case why != nil:
+		r.warnOnce(pvc, *why)
+		return reconcile.Result{}, nil
+	case node == "":
+		return reconcile.Result{}, nil
+	}
+	switch err := r.Client.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{}); {
+	case apierrors.IsNotFound(err):
+		r.warnOnce(pvc, problem{ReasonNodeMissing, fmt.Sprintf(
+			"its data source %s is on node %s, which is not in the cluster: the claim can only be provisioned there, so podvol does not place it. Bring the node back, or restore from a source on a node that is in the cluster",
+			src, node)})
+		return reconcile.Result{RequeueAfter: r.backoff()}, nil
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+	return r.place(ctx, pvc, src, node)
+}
+
+// placedByDriver tells whether the claim's StorageClass is Driver's and
+// waits for the first consumer (an Immediate claim is placed by whoever
+// provisions it first, not by the scheduler).
+func (r *Reconciler) placedByDriver(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (bool, error) {
+	name := pvc.Annotations[corev1.BetaStorageClassAnnotation]
+	if pvc.Spec.StorageClassName != nil {
+		name = *pvc.Spec.StorageClassName
+	}
+	if name == "" {
+		return false, nil
+	}
+	sc := &storagev1.StorageClass{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, sc); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return sc.Provisioner == r.Driver && sc.VolumeBindingMode != nil && *sc.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer, nil
+}
+
+// claimNode is the node of the Driver PV that claim ns/name is bound to.
+// wait: not bound (yet). node "" and no problem: not Driver's.
+func (r *Reconciler) claimNode(ctx context.Context, ns, name string) (node string, why *problem, wait bool, err error) {
+	src := &corev1.PersistentVolumeClaim{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, src); err != nil {
+		return "", nil, apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	}
+	if src.Spec.VolumeName == "" {
+		return "", nil, true, nil
+	}
+	pv := &corev1.PersistentVolume{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: src.Spec.VolumeName}, pv); err != nil {
+		return "", nil, apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	}
+	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != r.Driver {
+		return "", nil, false, nil
+	}
+	// A claim names its volume, and the volume its claim: a claim that
+	// names a PV bound to another (a tenant may write any volumeName) is
+	// not bound to it.
+	if ref := pv.Spec.ClaimRef; ref == nil || ref.Namespace != ns || ref.Name != name || (ref.UID != "" && ref.UID != src.UID) {
+		return "", nil, true, nil
+	}
+	if node := affinityNode(pv); node != "" {
+		return node, nil, false, nil
+	}
+	return "", &problem{ReasonNoNode, fmt.Sprintf(
+		"its data source PersistentVolumeClaim/%s is bound to PV %s, whose node affinity names no node on %s: podvol cannot tell where to provision the clone. Give the pod a node affinity to the node that holds the source",
+		name, pv.Name, names.TopologyKey)}, false, nil
+}
+
+// affinityNode is the one node a PV's required node affinity names on the
+// topology key.
+func affinityNode(pv *corev1.PersistentVolume) string {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return ""
+	}
+	for _, t := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, e := range t.MatchExpressions {
+			if e.Key == names.TopologyKey && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
+				return e.Values[0]
+			}
+		}
+	}
+	return ""
+}
+
+// snapshotNode is the node that the handle of VolumeSnapshot ns/name's
+// Driver content names. wait: not bound or not cut yet. node "" and no
+// problem: not Driver's.
+func (r *Reconciler) snapshotNode(ctx context.Context, ns, name string) (node string, why *problem, wait bool, err error) {
+	vs := &unstructured.Unstructured{}
+	vs.SetGroupVersionKind(SnapshotGVK)
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, vs); err != nil {
+		return "", nil, apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	}
+	contentName, _, _ := unstructured.NestedString(vs.Object, "status", "boundVolumeSnapshotContentName")
+	if contentName == "" {
+		return "", nil, true, nil
+	}
+	c := &unstructured.Unstructured{}
+	c.SetGroupVersionKind(ContentGVK)
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: contentName}, c); err != nil {
+		return "", nil, apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	}
+	if d, _, _ := unstructured.NestedString(c.Object, "spec", "driver"); d != r.Driver {
+		return "", nil, false, nil
+	}
+	// The content must name the snapshot back (snapshot-controller binds
+	// both ways).
+	refNS, _, _ := unstructured.NestedString(c.Object, "spec", "volumeSnapshotRef", "namespace")
+	refName, _, _ := unstructured.NestedString(c.Object, "spec", "volumeSnapshotRef", "name")
+	refUID, _, _ := unstructured.NestedString(c.Object, "spec", "volumeSnapshotRef", "uid")
+	if refNS != ns || refName != name || (refUID != "" && types.UID(refUID) != vs.GetUID()) {
+		return "", nil, true, nil
+	}
+	handle, _, _ := unstructured.NestedString(c.Object, "status", "snapshotHandle")
+	if handle == "" {
+		handle, _, _ = unstructured.NestedString(c.Object, "spec", "source", "snapshotHandle")
+	}
+	if handle == "" {
+		return "", nil, true, nil
+	}
+	if _, node = snaphandle.Parse(handle); node != "" {
+		return node, nil, false, nil
+	}
+	return "", &problem{ReasonNoNode, fmt.Sprintf(
+		"its data source VolumeSnapshot/%s has handle %q, which names no node (made before podvol named nodes in handles): podvol cannot tell where to provision the restore. Give the pod a node affinity to the node that holds the snapshot (%s)",
+		name, handle, names.TopologyKey)}, false, nil
+}
+
+// place sets the claim's selected node to the source's node, unless the
+// source node's provisioner gave it back less than Backoff ago.
+func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClaim, src source, node string) (reconcile.Result, error) {
+	key := client.ObjectKeyFromObject(pvc)
+	selected := pvc.Annotations[SelectedNode]
+	if pvc.Annotations[SourceNode] == node {
+		if selected == node {
+			r.settled(key)
+			return reconcile.Result{}, nil
+		}
+		// Placed here before, and the placement is gone (or the
+		// scheduler chose again after it went): the node's provisioner
+		// asked for another node, which cannot provision it either.
+		at, first := r.displacedSince(pvc)
+		if first {
+			r.event(pvc, corev1.EventTypeWarning, ReasonNoRoom,
+				"node %s, which holds its data source %s, has no room for this claim (see ProvisioningFailed events); podvol retries on %s in %s",
+				node, src, node, r.backoff())
+		}
+		if left := time.Until(at.Add(r.backoff())); left > 0 {
+			return reconcile.Result{RequeueAfter: left}, nil
+		}
+	}
+	patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if pvc.Annotations == nil {
+		pvc.Annotations = map[string]string{}
+	}
+	pvc.Annotations[SelectedNode] = node
+	pvc.Annotations[SourceNode] = node
+	if err := r.Client.Patch(ctx, pvc, patch); err != nil {
+		return reconcile.Result{}, fmt.Errorf("annotate PVC %s %s=%s: %w", key, SelectedNode, node, err)
+	}
+	r.settled(key)
+	log.FromContext(ctx).Info("Placed a claim on its source's node", "pvc", key, "source", src.String(), "node", node, "was", selected)
+	note := ""
+	if selected != "" && selected != node {
+		note = fmt.Sprintf(" (instead of node %s)", selected)
+	}
+	r.event(pvc, corev1.EventTypeNormal, ReasonPlaced, "provisioned on node %s%s, which holds its data source %s", node, note, src)
+	return reconcile.Result{}, nil
+}
+
+// event records an event on the claim and, for a generic ephemeral volume,
+// on its pod, where its user looks.
+func (r *Reconciler) event(pvc *corev1.PersistentVolumeClaim, typ, reason, note string, args ...any) {
+	r.Recorder.Eventf(pvc, nil, typ, reason, "Place", note, args...)
+	if o := metav1.GetControllerOf(pvc); o != nil && o.APIVersion == "v1" && o.Kind == "Pod" {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pvc.Namespace, Name: o.Name, UID: o.UID}}
+		r.Recorder.Eventf(pod, pvc, typ, reason, "Place", "volume claim %s: "+note, append([]any{pvc.Name}, args...)...)
+	}
+}
+
+// warnOnce records a Warning event unless it is the one last recorded for
+// this claim.
+func (r *Reconciler) warnOnce(pvc *corev1.PersistentVolumeClaim, p problem) {
+	key := client.ObjectKeyFromObject(pvc)
+	r.mu.Lock()
+	last, ok := r.warned[key]
+	repeat := ok && last.uid == pvc.UID && last.what == p.reason+p.note
+	if !repeat {
+		if r.warned == nil {
+			r.warned = map[types.NamespacedName]since{}
+		}
+		r.warned[key] = since{uid: pvc.UID, at: time.Now(), what: p.reason + p.note}
+	}
+	r.mu.Unlock()
+	if !repeat {
+		r.event(pvc, corev1.EventTypeWarning, p.reason, "%s", p.note)
+	}
+}
+
+// displacedSince returns since when the claim has been without its
+// placement, and whether that starts now.
+func (r *Reconciler) displacedSince(pvc *corev1.PersistentVolumeClaim) (time.Time, bool) {
+	key := client.ObjectKeyFromObject(pvc)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d, ok := r.displaced[key]; ok && d.uid == pvc.UID {
+		return d.at, false
+	}
+	if r.displaced == nil {
+		r.displaced = map[types.NamespacedName]since{}
+	}
+	now := time.Now()
+	r.displaced[key] = since{uid: pvc.UID, at: now}
+	return now, true
+}
+
+// settled forgets what a placed claim went through.
+func (r *Reconciler) settled(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.displaced, key)
+	delete(r.warned, key)
+}
+
+// forget forgets a claim that is gone, bound or not a candidate.
+func (r *Reconciler) forget(key types.NamespacedName) { r.settled(key) }

@@ -1,0 +1,325 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/podvol/podvol/internal/controller/sourceplacement"
+	"github.com/podvol/podvol/internal/names"
+)
+
+// placementBackoff is source-placement's Backoff in these tests: long
+// enough to see that nothing happens before it ends.
+const placementBackoff = 5 * time.Second
+
+// placementClasses creates podvol's WaitForFirstConsumer class "podvol", an
+// Immediate podvol class and another driver's WaitForFirstConsumer class.
+func (e *env) placementClasses() {
+	e.t.Helper()
+	for name, c := range map[string]struct {
+		prov string
+		mode storagev1.VolumeBindingMode
+	}{
+		"podvol":     {"podvol.io", storagev1.VolumeBindingWaitForFirstConsumer},
+		"podvol-now": {"podvol.io", storagev1.VolumeBindingImmediate},
+		"other":      {"other.csi", storagev1.VolumeBindingWaitForFirstConsumer},
+	} {
+		e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: c.prov, VolumeBindingMode: ptr.To(c.mode)}))
+	}
+}
+
+// sourceOn creates a PVC bound (both ways) to a PV of driver on node.
+func (e *env) sourceOn(ns, name, driver, node string) {
+	e.t.Helper()
+	s := spec.DeepCopy()
+	s.VolumeName = "pv-" + ns + "-" + name
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: *s}
+	e.must(e.c.Create(bg, pvc))
+	e.pvFor(pvc, driver, node)
+}
+
+func (e *env) pvFor(pvc *corev1.PersistentVolumeClaim, driver, node string) {
+	e.t.Helper()
+	e.must(e.c.Create(bg, &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "pv-" + pvc.Namespace + "-" + pvc.Name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName:       "podvol",
+			ClaimRef:               &corev1.ObjectReference{Namespace: pvc.Namespace, Name: pvc.Name, UID: pvc.UID},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: "pv-" + pvc.Name}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: names.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
+		},
+	}))
+}
+
+// fromClaim and fromSnapshot are data sources.
+func fromClaim(name string) *corev1.TypedObjectReference {
+	return &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: name}
+}
+
+func fromSnapshot(name string) *corev1.TypedObjectReference {
+	return &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: name}
+}
+
+// restore creates an unbound claim of class made from src, with the given
+// annotations.
+func (e *env) restore(ns, name, class string, src *corev1.TypedObjectReference, ann map[string]string, owners ...metav1.OwnerReference) {
+	e.t.Helper()
+	s := spec.DeepCopy()
+	s.StorageClassName = ptr.To(class)
+	s.DataSourceRef = src
+	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: ann, OwnerReferences: owners}, Spec: *s}))
+}
+
+func (e *env) ann(ns, name, key string) string {
+	e.t.Helper()
+	p := e.pvc(ns, name)
+	if p == nil {
+		e.t.Fatalf("PVC %s/%s is gone", ns, name)
+	}
+	return p.Annotations[key]
+}
+
+func (e *env) placedOn(ns, name, node string) bool {
+	return e.ann(ns, name, sourceplacement.SelectedNode) == node && e.ann(ns, name, sourceplacement.SourceNode) == node
+}
+
+func (e *env) untouched(ns, name string) bool {
+	return e.ann(ns, name, sourceplacement.SelectedNode) == "" && e.ann(ns, name, sourceplacement.SourceNode) == ""
+}
+
+// snapshot creates VolumeSnapshot ns/name and, if content is not "", its
+// content, of driver, with a handle in its status (dynamic) or, if
+// imported, in its spec (pre-provisioned), and binds the two.
+func (e *env) snapshot(ns, name, content, driver, handle string, imported bool) {
+	e.t.Helper()
+	vs := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
+		"volumeSnapshotClassName": "podvol", "source": map[string]any{"persistentVolumeClaimName": "golden"}}}}
+	vs.SetGroupVersionKind(sourceplacement.SnapshotGVK)
+	vs.SetNamespace(ns)
+	vs.SetName(name)
+	e.must(e.c.Create(bg, vs))
+	if content != "" {
+		e.bindSnapshot(ns, name, content, driver, handle, imported)
+	}
+}
+
+func (e *env) bindSnapshot(ns, name, content, driver, handle string, imported bool) {
+	e.t.Helper()
+	vs := &unstructured.Unstructured{}
+	vs.SetGroupVersionKind(sourceplacement.SnapshotGVK)
+	e.must(e.c.Get(bg, client.ObjectKey{Namespace: ns, Name: name}, vs))
+	src := map[string]any{"volumeHandle": "pv-golden"}
+	if imported {
+		src = map[string]any{"snapshotHandle": handle}
+	}
+	c := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
+		"driver": driver, "deletionPolicy": "Delete", "source": src,
+		"volumeSnapshotRef": map[string]any{"namespace": ns, "name": name, "uid": string(vs.GetUID())},
+	}}}
+	c.SetGroupVersionKind(sourceplacement.ContentGVK)
+	c.SetName(content)
+	e.must(e.c.Create(bg, c))
+	if !imported {
+		e.must(unstructured.SetNestedField(c.Object, handle, "status", "snapshotHandle"))
+		e.must(e.c.Status().Update(bg, c))
+	}
+	e.must(unstructured.SetNestedField(vs.Object, content, "status", "boundVolumeSnapshotContentName"))
+	e.must(e.c.Status().Update(bg, vs))
+}
+
+// A clone is provisioned on the node of its source's PV: the claim gets
+// that node as its selected node (and podvol's mark), with an event, on its
+// pod too when it is a generic ephemeral volume; a node the scheduler chose
+// first is replaced; a clone of a claim not bound yet is placed once it is.
+func TestSourcePlacementClone(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-clone")
+	e.placementClasses()
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		e.node(n)
+	}
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+
+	e.restore(ns, "copy", "podvol", fromClaim("golden"), nil)
+	e.eventually("the clone placed on node-a", func() bool { return e.placedOn(ns, "copy", "node-a") })
+	e.eventually("the PlacedWithSource event", func() bool {
+		return strings.Contains(e.events(ns, "copy"), sourceplacement.ReasonPlaced+": provisioned on node node-a, which holds its data source PersistentVolumeClaim/golden")
+	})
+
+	// The scheduler got there first.
+	e.restore(ns, "late", "podvol", fromClaim("golden"), map[string]string{sourceplacement.SelectedNode: "node-c"})
+	e.eventually("the scheduler's node-c replaced by node-a", func() bool { return e.placedOn(ns, "late", "node-a") })
+	e.eventually("an event naming the node replaced", func() bool { return strings.Contains(e.events(ns, "late"), "node-a (instead of node node-c)") })
+
+	// A generic ephemeral volume: the pod gets the events too.
+	pod := podWith(ns, "web")
+	e.must(e.c.Create(bg, pod))
+	e.restore(ns, "web-scratch", "podvol", fromClaim("golden"), nil, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "web", UID: pod.UID,
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)})
+	e.eventually("the ephemeral clone placed", func() bool { return e.placedOn(ns, "web-scratch", "node-a") })
+	e.eventually("the event on the pod", func() bool {
+		return strings.Contains(e.events(ns, "web"), sourceplacement.ReasonPlaced+": volume claim web-scratch: provisioned on node node-a")
+	})
+
+	// A source not bound yet: nothing, then its node once bound.
+	pending := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pending"}, Spec: spec}
+	e.must(e.c.Create(bg, pending))
+	e.restore(ns, "early", "podvol", fromClaim("pending"), nil)
+	e.never("a clone of an unbound claim placed", func() bool { return !e.untouched(ns, "early") })
+	e.pvFor(pending, "podvol.io", "node-b")
+	e.must(e.c.Get(bg, client.ObjectKeyFromObject(pending), pending))
+	pending.Spec.VolumeName = "pv-" + ns + "-pending"
+	e.must(e.c.Update(bg, pending))
+	e.eventually("the clone placed once its source is bound", func() bool { return e.placedOn(ns, "early", "node-b") })
+}
+
+// A restore is provisioned on the node its snapshot's handle names, from
+// the content's status (a dynamic snapshot) or spec (an imported one); a
+// snapshot not bound to its content yet is waited for, without events.
+func TestSourcePlacementRestore(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-restore")
+	e.placementClasses()
+	e.node("node-a")
+	e.node("node-b")
+
+	e.snapshot(ns, "nightly", "snapcontent-nightly", "podvol.io", "snap-0123456789abcdef01234567@node-b", false)
+	e.restore(ns, "restored", "podvol", fromSnapshot("nightly"), nil)
+	e.eventually("the restore placed on node-b", func() bool { return e.placedOn(ns, "restored", "node-b") })
+	e.eventually("the PlacedWithSource event", func() bool {
+		return strings.Contains(e.events(ns, "restored"), sourceplacement.ReasonPlaced+": provisioned on node node-b, which holds its data source VolumeSnapshot/nightly")
+	})
+
+	e.snapshot(ns, "imported", "snapcontent-imported", "podvol.io", "snap-0123456789abcdef01234568@node-a", true)
+	e.restore(ns, "from-import", "podvol", fromSnapshot("imported"), nil)
+	e.eventually("the restore of an imported snapshot placed on node-a", func() bool { return e.placedOn(ns, "from-import", "node-a") })
+
+	// Not bound yet.
+	e.snapshot(ns, "cutting", "", "", "", false)
+	e.restore(ns, "soon", "podvol", fromSnapshot("cutting"), nil)
+	e.never("a restore of an unbound snapshot placed", func() bool { return !e.untouched(ns, "soon") })
+	if ev := e.events(ns, "soon"); ev != "" {
+		t.Fatalf("events while the snapshot is not bound: %s", ev)
+	}
+	e.bindSnapshot(ns, "cutting", "snapcontent-cutting", "podvol.io", "snap-0123456789abcdef01234569@node-b", false)
+	e.eventually("the restore placed once the snapshot is bound", func() bool { return e.placedOn(ns, "soon", "node-b") })
+}
+
+// A source whose node is not in the cluster, or that names no node, is not
+// placed: a Warning event says why.
+func TestSourcePlacementNodeUnknown(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-lost")
+	e.placementClasses()
+	e.sourceOn(ns, "golden", "podvol.io", "node-z")
+	e.restore(ns, "copy", "podvol", fromClaim("golden"), nil)
+	e.snapshot(ns, "old", "snapcontent-old", "podvol.io", "snap-0123456789abcdef01234567", false)
+	e.restore(ns, "restored", "podvol", fromSnapshot("old"), nil)
+
+	e.eventually("a SourceNodeMissing warning", func() bool {
+		return strings.Contains(e.events(ns, "copy"), sourceplacement.ReasonNodeMissing+": its data source PersistentVolumeClaim/golden is on node node-z, which is not in the cluster")
+	})
+	e.eventually("a SourceNodeUnknown warning", func() bool {
+		return strings.Contains(e.events(ns, "restored"), sourceplacement.ReasonNoNode+": its data source VolumeSnapshot/old has handle")
+	})
+	e.never("a claim placed on a missing or unknown node", func() bool { return !e.untouched(ns, "copy") || !e.untouched(ns, "restored") })
+
+	// The node comes (back): the claim is placed at the next look.
+	e.node("node-z")
+	e.eventually("the clone placed once its node is there", func() bool { return e.placedOn(ns, "copy", "node-z") })
+}
+
+// What is not podvol's to place is left alone: a source in another
+// namespace (with a Warning event saying what to do), another driver's
+// class or source, an Immediate class, a claim with no source. A clone
+// placed meanwhile shows that the controller was at work.
+func TestSourcePlacementLeavesOthersAlone(t *testing.T) {
+	e := start(t, "source-placement")
+	ns, other := e.ns("placement-others"), e.ns("placement-golden")
+	e.placementClasses()
+	e.node("node-a")
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+	e.sourceOn(other, "golden", "podvol.io", "node-a")
+	e.sourceOn(ns, "foreign", "other.csi", "node-a")
+	e.snapshot(ns, "foreign-snap", "snapcontent-foreign", "other.csi", "snap-0123456789abcdef01234567@node-a", false)
+
+	e.restore(ns, "across", "podvol", &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "golden", Namespace: ptr.To(other)}, nil)
+	if p := e.pvc(ns, "across"); p.Spec.DataSourceRef == nil || p.Spec.DataSourceRef.Namespace == nil {
+		t.Fatal("the API server dropped dataSourceRef.namespace: CrossNamespaceVolumeDataSource is off")
+	}
+	e.restore(ns, "other-class", "other", fromClaim("golden"), nil)
+	e.restore(ns, "immediate", "podvol-now", fromClaim("golden"), nil)
+	e.restore(ns, "of-foreign", "podvol", fromClaim("foreign"), nil)
+	e.restore(ns, "of-foreign-snap", "podvol", fromSnapshot("foreign-snap"), nil)
+	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "empty"}, Spec: spec}))
+	e.restore(ns, "control", "podvol", fromClaim("golden"), nil)
+
+	e.eventually("the control clone placed", func() bool { return e.placedOn(ns, "control", "node-a") })
+	e.eventually("a SourceInOtherNamespace warning", func() bool {
+		return strings.Contains(e.events(ns, "across"), sourceplacement.ReasonOtherNamespace+": its data source PersistentVolumeClaim/golden is in namespace "+other)
+	})
+	left := []string{"across", "other-class", "immediate", "of-foreign", "of-foreign-snap", "empty"}
+	e.never("a claim that is not podvol's to place placed", func() bool {
+		for _, n := range left {
+			if !e.untouched(ns, n) {
+				return true
+			}
+		}
+		return false
+	})
+	for _, n := range left[1:] {
+		if ev := e.events(ns, n); ev != "" {
+			t.Errorf("events on %s: %s", n, ev)
+		}
+	}
+}
+
+// The source's node has no room: its csi-provisioner removes the selected
+// node to ask for another, and the scheduler may pick one. The controller
+// says so and places the claim on the source's node again, but only after
+// its backoff.
+func TestSourcePlacementBackoff(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-full")
+	e.placementClasses()
+	e.node("node-a")
+	e.node("node-c")
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+	e.restore(ns, "copy", "podvol", fromClaim("golden"), nil)
+	e.eventually("the clone placed on node-a", func() bool { return e.placedOn(ns, "copy", "node-a") })
+
+	for round, rescheduled := range []bool{false, true} {
+		// As external-provisioner's rescheduleProvisioning does.
+		p := e.pvc(ns, "copy")
+		delete(p.Annotations, sourceplacement.SelectedNode)
+		e.must(e.c.Update(bg, p))
+		removed := time.Now()
+		if rescheduled {
+			// The scheduler picks another node meanwhile.
+			time.Sleep(500 * time.Millisecond)
+			p = e.pvc(ns, "copy")
+			p.Annotations[sourceplacement.SelectedNode] = "node-c"
+			e.must(e.c.Update(bg, p))
+		}
+		e.never("the claim placed again before the backoff", func() bool { return e.ann(ns, "copy", sourceplacement.SelectedNode) == "node-a" })
+		e.eventually("the claim placed on node-a again", func() bool { return e.placedOn(ns, "copy", "node-a") })
+		if d := time.Since(removed); d < placementBackoff {
+			t.Fatalf("round %d: placed again after %s, before the backoff (%s)", round, d, placementBackoff)
+		}
+	}
+	e.eventually("the SourceNodeFull warning", func() bool {
+		return strings.Contains(e.events(ns, "copy"), sourceplacement.ReasonNoRoom+": node node-a, which holds its data source PersistentVolumeClaim/golden, has no room for this claim (see ProvisioningFailed events); podvol retries on node-a in 5s")
+	})
+}
