@@ -9,6 +9,7 @@ require (
 	github.com/moby/sys/mountinfo v0.7.2
 	github.com/prometheus/client_golang v1.24.1
 	go.etcd.io/bbolt v1.5.0
+	golang.org/x/image v0.30.0
 	golang.org/x/mod v0.41.0
 	golang.org/x/sys v0.50.0
 	google.golang.org/grpc v1.85.0

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/test/microvm/agentapi"
 	"github.com/podvol/podvol/test/microvm/guest"
 	"github.com/podvol/podvol/test/plugintest"
 )
@@ -197,15 +198,15 @@ const podUID, podGID, fsGroup = 1000, 1000, 2000
 // directAssign: always; a real QEMU microVM, given only what podvol wrote in
 // mountInfo.json, attaches the device as virtio-blk, mounts it with the
 // fstype and options written there, applies the fsGroup, and a non-root pod
-// user writes to it. NodeGetVolumeStats goes through the shim socket to the
-// guest. After the guest powers off and podvol unpublishes, the host sees the
+// user writes 100 MiB to it, which NodeGetVolumeStats (through the shim
+// socket to the guest) shows as used. After the guest powers off and podvol unpublishes, the host sees the
 // guest's files with the fsGroup, also after unstage and restage.
 func TestGuestConsumesDirectVolume(t *testing.T) {
 	g := setup(t)
 	for _, tc := range []struct {
 		fs   string
 		size int64
-	}{{"ext4", 128 << 20}, {"xfs", 320 << 20}} {
+	}{{"ext4", 192 << 20}, {"xfs", 320 << 20}} {
 		t.Run(tc.fs, func(t *testing.T) {
 			total := time.Now()
 			e := newEnv(t, g)
@@ -265,15 +266,25 @@ func TestGuestConsumesDirectVolume(t *testing.T) {
 				t.Fatalf("a second publication while the guest runs: %v, want FailedPrecondition", err)
 			}
 
-			before, err := sb.Stats(ctx)
-			if err != nil {
-				t.Fatal(err)
+			// Usage as podvol reports it: the shim socket, the runtime,
+			// the agent's statfs in the guest.
+			stats := func() (bytes, inodes *csi.VolumeUsage) {
+				t.Helper()
+				st, err := e.p.Node().NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+				e.must("NodeGetVolumeStats", err)
+				u := st.GetUsage()
+				if len(u) != 2 || u[0].GetUnit() != csi.VolumeUsage_BYTES || u[1].GetUnit() != csi.VolumeUsage_INODES {
+					t.Fatalf("stats: %v", u)
+				}
+				return u[0], u[1]
 			}
+			before, _ := stats()
 			// The pod's user: uid 1000, primary group 1000, the fsGroup as
-			// a supplementary group (as kubelet runs it).
+			// a supplementary group (as kubelet runs it). It writes 100
+			// MiB, which podvol's stats must show.
 			w := time.Now()
 			out, err := sb.Exec(ctx, podUID, podGID, []uint32{fsGroup},
-				`id -u; echo "written in the guest as $(id -u)" > from-guest && mkdir sub && dd if=/dev/urandom of=sub/blob bs=1M count=20 2>/dev/null && sync && stat -c '%g' from-guest sub/blob && sha256sum sub/blob`)
+				`id -u; echo "written in the guest as $(id -u)" > from-guest && mkdir sub && dd if=/dev/urandom of=sub/blob bs=1M count=100 2>/dev/null && sync && stat -c '%g' from-guest sub/blob && sha256sum sub/blob`)
 			if err != nil {
 				t.Fatalf("pod workload in the guest: %v", err)
 			}
@@ -284,27 +295,26 @@ func TestGuestConsumesDirectVolume(t *testing.T) {
 			}
 			guestSum := strings.Fields(lines[3])[0]
 
-			// Stats through podvol: the shim socket, the runtime, the agent.
-			st, err := e.p.Node().NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
-			e.must("NodeGetVolumeStats", err)
+			after, inodes := stats()
 			direct, err := sb.Stats(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			u := st.GetUsage()
-			if len(u) != 2 || u[0].GetUnit() != csi.VolumeUsage_BYTES || u[1].GetUnit() != csi.VolumeUsage_INODES {
-				t.Fatalf("stats: %v", u)
+			grew, shrank := after.GetUsed()-before.GetUsed(), before.GetAvailable()-after.GetAvailable()
+			t.Logf("[%s] NodeGetVolumeStats before the write: used %d, available %d, total %d; after: used %d (+%.2f MiB), available %d (-%.2f MiB), total %d bytes; inodes used %d of %d",
+				tc.fs, before.GetUsed(), before.GetAvailable(), before.GetTotal(), after.GetUsed(), float64(grew)/(1<<20), after.GetAvailable(), float64(shrank)/(1<<20), after.GetTotal(), inodes.GetUsed(), inodes.GetTotal())
+			if after.GetUsed() != direct.Used || after.GetTotal() != direct.Total || inodes.GetUsed() != direct.InodesUsed {
+				t.Fatalf("podvol's stats (bytes %v, inodes %v) are not the guest's statfs %+v", after, inodes, direct)
 			}
-			t.Logf("[%s] NodeGetVolumeStats: used %d, available %d, total %d bytes; inodes used %d of %d (guest statfs before the write: used %d; now %d)",
-				tc.fs, u[0].GetUsed(), u[0].GetAvailable(), u[0].GetTotal(), u[1].GetUsed(), u[1].GetTotal(), before.Used, direct.Used)
-			if u[0].GetUsed() != direct.Used || u[0].GetTotal() != direct.Total || u[1].GetUsed() != direct.InodesUsed {
-				t.Fatalf("podvol's stats %v are not the guest's statfs %+v", u, direct)
+			// 100 MiB of data, plus at most 2 MiB of metadata and the small
+			// file: a filesystem with the volume's size, not the host's.
+			const wrote, slack = 100 << 20, 2 << 20
+			if grew < wrote || grew > wrote+slack || shrank < wrote || shrank > wrote+slack || after.GetTotal() != before.GetTotal() {
+				t.Fatalf("after the guest wrote 100 MiB podvol reports used +%d, available -%d bytes, total %d -> %d; want both within [%d, %d] and the same total",
+					grew, shrank, before.GetTotal(), after.GetTotal(), wrote, wrote+slack)
 			}
-			if grew := u[0].GetUsed() - before.Used; grew < 20<<20 || grew > 24<<20 {
-				t.Fatalf("used bytes grew by %d after the guest wrote 20 MiB", grew)
-			}
-			if asked := sb.StatsAsked(); len(asked) != 1 || asked[0] != info.Device {
-				t.Fatalf("the shim was asked for %v, want [%s]", asked, info.Device)
+			if asked := sb.StatsAsked(); len(asked) != 2 || asked[0] != info.Device || asked[1] != info.Device {
+				t.Fatalf("the shim was asked for %v, want [%[2]s %[2]s]", asked, info.Device)
 			}
 
 			// The pod ends: the guest unmounts, syncs and powers off.
@@ -341,7 +351,7 @@ func TestGuestConsumesDirectVolume(t *testing.T) {
 				}
 			}
 			check("after unpublish")
-			t.Logf("[%s] host sees the guest's files (uid 1000, group 2000, 20 MiB blob checksum equal) after unpublish", tc.fs)
+			t.Logf("[%s] host sees the guest's files (uid 1000, group 2000, 100 MiB blob checksum equal) after unpublish", tc.fs)
 			e.unstage(id)
 			e.stage(id, c)
 			check("after unstage and restage")
@@ -429,5 +439,163 @@ func TestGuestConsumesDirectBlockVolume(t *testing.T) {
 	e.delete(id)
 	if loops, mounts := plugintest.Leftovers(e.dir); len(loops)+len(mounts) > 0 {
 		t.Fatalf("leftovers: loop devices %v, mounts %v", loops, mounts)
+	}
+}
+
+// expand asks for size bytes as the CO does: ControllerExpandVolume
+// (external-resizer), then NodeExpandVolume (kubelet) at path.
+func (e *env) expand(ctx context.Context, id, path string, size int64, c *csi.VolumeCapability) (*csi.NodeExpandVolumeResponse, error) {
+	e.t.Helper()
+	cr, err := e.p.Controller().ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{
+		VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapability: c})
+	e.must("ControllerExpandVolume", err)
+	if cr.GetCapacityBytes() != size || !cr.GetNodeExpansionRequired() {
+		e.t.Fatalf("ControllerExpandVolume to %d: %v, want that capacity and node expansion required", size, cr)
+	}
+	return e.p.Node().NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{
+		VolumeId: id, VolumePath: path, StagingTargetPath: e.staging(id),
+		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapability: c})
+}
+
+// TestGuestSeesExpandedVolume: a direct-assigned volume grows while no guest
+// has it, staged (NodeExpandVolume at the staging path, which the CSI spec
+// allows between NodeStageVolume and NodePublishVolume) and unstaged (its
+// filesystem then grows at the next stage), and each time a new guest sees
+// the larger filesystem with the data still on it. Growing it while a guest
+// runs is refused by the runtime, and podvol returns that refusal as
+// FAILED_PRECONDITION; the guest's filesystem stays as it was and grows at
+// the next host stage (here: the unpublish, which mounts it on the host
+// again).
+func TestGuestSeesExpandedVolume(t *testing.T) {
+	g := setup(t)
+	for _, tc := range []struct {
+		fs   string
+		size int64
+	}{{"ext4", 128 << 20}, {"xfs", 320 << 20}} {
+		t.Run(tc.fs, func(t *testing.T) {
+			const step = 64 << 20
+			e := newEnv(t, g)
+			c := rwop(tc.fs)
+			id := e.create("grow-"+tc.fs, tc.size, c)
+			target := e.target(id)
+			ctx := ctxT(t, 10*time.Minute)
+			e.stage(id, c)
+			e.publish(id, c)
+			device := ""
+			// boot starts a guest on the published volume and returns its
+			// view of the filesystem, checking the data is still there.
+			boot := func(name, sum string) (*Sandbox, *Reply) {
+				t.Helper()
+				sb, err := e.rt.Start(ctx, target, name)
+				if err != nil {
+					t.Fatalf("boot the guest: %v", err)
+				}
+				t.Cleanup(func() {
+					if sb.Running() {
+						_ = sb.Stop(context.Background())
+					}
+				})
+				device = sb.Info.Device
+				script := "df -k /run/volume | tail -1"
+				if sum != "" {
+					script += "; sha256sum keep"
+				}
+				df, err := sb.Exec(ctx, 0, 0, nil, script)
+				if err != nil {
+					t.Fatal(err)
+				}
+				st, err := sb.Stats(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("[%s] guest %s: disk %d bytes, filesystem %d bytes; df -k: %s", tc.fs, name, st.DeviceBytes, st.Total, strings.TrimSpace(df))
+				if sum != "" && !strings.Contains(df, sum+"  keep") {
+					t.Fatalf("the data written before the growth is not intact in guest %s: %q, want checksum %s", name, df, sum)
+				}
+				return sb, st
+			}
+			stop := func(sb *Sandbox) {
+				t.Helper()
+				if err := sb.Stop(ctx); err != nil {
+					t.Fatalf("guest shutdown: %v", err)
+				}
+			}
+			// grown checks that a new guest's filesystem grew from the
+			// first guest's by about the volume's growth (minus what the
+			// filesystem keeps for itself: inode tables, group metadata).
+			grown := func(first, now *Reply, size int64) {
+				t.Helper()
+				want := size - tc.size
+				got := now.Total - first.Total
+				if now.DeviceBytes != size || got < want*85/100 || got > want {
+					t.Fatalf("the guest sees a %d-byte disk and a filesystem %d bytes larger than at first; want a %d-byte disk and %d..%d bytes more",
+						now.DeviceBytes, got, size, want*85/100, want)
+				}
+			}
+
+			sb, first := boot("first-"+tc.fs, "")
+			out, err := sb.Exec(ctx, 0, 0, nil, "dd if=/dev/urandom of=keep bs=1M count=8 2>/dev/null && sync && sha256sum keep")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum := strings.Fields(out)[0]
+
+			// Online: the runtime refuses, podvol says so.
+			size := tc.size + step
+			_, err = e.expand(ctx, id, target, size, c)
+			t.Logf("[%s] NodeExpandVolume to %d while the guest runs: %v", tc.fs, size, err)
+			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), agentapi.ResizeRefusal) || !strings.Contains(err.Error(), "500 Internal Server Error") {
+				t.Fatalf("NodeExpandVolume while the guest runs: %v; want FailedPrecondition carrying the runtime's answer (500, %q)", err, agentapi.ResizeRefusal)
+			}
+			if rs := sb.Resizes(); len(rs) != 1 || rs[0].VolumePath != device || rs[0].Size != uint64(size) {
+				t.Fatalf("the shim got resize requests %+v, want one for %s to %d bytes", rs, device, size)
+			}
+			if st, err := sb.Stats(ctx); err != nil || st.Total != first.Total {
+				t.Fatalf("the guest's filesystem changed under it after the refused growth: %+v, %v (was %d bytes)", st, err, first.Total)
+			}
+			stop(sb)
+			e.unpublish(id)
+			// The host stage grew the filesystem the guest could not.
+			var hs syscall.Statfs_t
+			if err := syscall.Statfs(e.staging(id), &hs); err != nil {
+				t.Fatal(err)
+			}
+			if hostTotal := int64(hs.Blocks) * hs.Bsize; hostTotal-first.Total < step*85/100 {
+				t.Fatalf("after the unpublish the host's staging mount has %d bytes, the first guest had %d: the refused growth did not follow at the host stage", hostTotal, first.Total)
+			}
+
+			// Offline, staged, at the staging path.
+			size += step
+			r, err := e.expand(ctx, id, e.staging(id), size, c)
+			e.must("NodeExpandVolume (staged, not published)", err)
+			if r.GetCapacityBytes() != size {
+				t.Fatalf("NodeExpandVolume returned %d bytes, want %d", r.GetCapacityBytes(), size)
+			}
+			e.publish(id, c)
+			sb, now := boot("staged-"+tc.fs, sum)
+			grown(first, now, size)
+			stop(sb)
+			e.unpublish(id)
+			e.unstage(id)
+
+			// Offline, unstaged: the image grows, the filesystem at stage.
+			size += step
+			r, err = e.expand(ctx, id, e.staging(id), size, c)
+			e.must("NodeExpandVolume (unstaged)", err)
+			if r.GetCapacityBytes() != size {
+				t.Fatalf("NodeExpandVolume returned %d bytes, want %d", r.GetCapacityBytes(), size)
+			}
+			e.stage(id, c)
+			e.publish(id, c)
+			sb, now = boot("unstaged-"+tc.fs, sum)
+			grown(first, now, size)
+			stop(sb)
+			e.unpublish(id)
+			e.unstage(id)
+			e.delete(id)
+			if loops, mounts := plugintest.Leftovers(e.dir); len(loops)+len(mounts) > 0 {
+				t.Fatalf("leftovers: loop devices %v, mounts %v", loops, mounts)
+			}
+		})
 	}
 }

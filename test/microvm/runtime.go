@@ -5,8 +5,10 @@
 // Kata's runtime locates it), records the sandbox id beside it, boots a guest
 // with the volume's device as its virtio-blk disk, has the guest agent mount
 // it with the fstype, options and fsGroup written there, and serves the
-// shim's GET /direct-volume/stats on <sandboxes>/<id>/shim-monitor.sock by
-// asking the guest. Nothing here is shipped.
+// shim's GET /direct-volume/stats and POST /direct-volume/resize on
+// <sandboxes>/<id>/shim-monitor.sock by asking the guest (which refuses to
+// resize, as Kata's agent does). Boot also starts a guest on a virtio-fs
+// share, for bench/microvm. Nothing here is shipped.
 package microvm
 
 import (
@@ -15,6 +17,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -100,6 +104,7 @@ type Sandbox struct {
 	Console string // the guest's serial console log
 	Device  string // the volume's disk as the guest sees it
 	Booted  time.Duration
+	Uptime  string // the guest kernel's uptime when its agent was ready
 
 	r          *Runtime
 	cmd        *exec.Cmd
@@ -112,6 +117,14 @@ type Sandbox struct {
 	dir        string
 	askedMu    sync.Mutex
 	statsAsked []string
+	resizes    []ResizeRequest
+}
+
+// ResizeRequest is the body of the shim's POST /direct-volume/resize, as
+// Kata's shim decodes it.
+type ResizeRequest struct {
+	VolumePath string
+	Size       uint64
 }
 
 // Reply is the agent's answer.
@@ -135,7 +148,43 @@ func (r *Runtime) Start(ctx context.Context, target, id string) (*Sandbox, error
 	if err := os.WriteFile(filepath.Join(directvolume.Dir(r.Root, target), id), nil, 0o600); err != nil {
 		return nil, err
 	}
-	s := &Sandbox{ID: id, Target: target, Info: info, r: r, dir: filepath.Join(r.Sandboxes, id), exited: make(chan struct{})}
+	s, err := r.Boot(ctx, id, Disk{Path: info.Device})
+	if err != nil {
+		return nil, err
+	}
+	s.Target, s.Info = target, info
+	ok := false
+	defer func() {
+		if !ok {
+			s.kill()
+		}
+	}()
+	if info.FsType != "" {
+		if err := s.Mount(ctx, agentapi.Request{FsType: info.FsType, Options: info.Options,
+			FsGroup: info.Metadata[directvolume.MetaFsGroup], FsGroupChangePolicy: info.Metadata[directvolume.MetaFsGroupChangePolicy]}); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.serveShim(); err != nil {
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+// Disk is what the guest gets as its volume: a virtio-blk disk (Path, a
+// block device or image) or, for comparison, a directory of the host shared
+// by a running virtiofsd (VhostUserSocket, mounted in the guest by Tag).
+type Disk struct {
+	Path            string
+	VhostUserSocket string
+	Tag             string
+}
+
+// Boot starts a guest with disk and waits for its agent; it mounts nothing.
+// The caller must Stop the sandbox.
+func (r *Runtime) Boot(ctx context.Context, id string, disk Disk) (*Sandbox, error) {
+	s := &Sandbox{ID: id, r: r, dir: filepath.Join(r.Sandboxes, id), exited: make(chan struct{})}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -155,21 +204,46 @@ func (r *Runtime) Start(ctx context.Context, target, id string) (*Sandbox, error
 	if mem == 0 {
 		mem = 256
 	}
-	args := []string{
-		"-M", "microvm", "-accel", Accel(), "-m", fmt.Sprint(mem), "-smp", "1",
+	// Under TCG the kernel's TSC calibration against the PIT fails when the
+	// host is busy and the boot hangs: tell it the rate (TCG's TSC is the
+	// host's).
+	appendArgs := "console=ttyS0 panic=-1 quiet tsc=reliable tsc_early_khz=" + hostTSCkHz()
+	machine := "microvm"
+	var devices []string
+	switch {
+	case disk.Path != "":
+		devices = []string{
+			"-drive", "id=vol,file=" + disk.Path + ",format=raw,if=none,cache=none,aio=threads",
+			"-device", "virtio-blk-device,drive=vol,serial=podvol-volume",
+		}
+	case disk.VhostUserSocket != "":
+		// vhost-user needs the guest's memory shared with virtiofsd.
+		machine += ",memory-backend=mem"
+		devices = []string{
+			"-object", fmt.Sprintf("memory-backend-memfd,id=mem,size=%dM,share=on", mem),
+			"-chardev", "socket,id=vfs,path=" + disk.VhostUserSocket,
+			"-device", "vhost-user-fs-device,chardev=vfs,tag=" + disk.Tag,
+		}
+		appendArgs += " " + agentapi.NoDisk
+	default:
+		return nil, errors.New("a sandbox needs a disk path or a virtiofsd socket")
+	}
+	args := append([]string{
+		"-M", machine, "-accel", Accel(), "-m", fmt.Sprint(mem), "-smp", "1",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		// Virtio 1.0 over MMIO, as Kata's and Firecracker's guests get:
+		// QEMU's microvm defaults to the legacy interface, which
+		// virtiofsd's vhost-user library refuses.
+		"-global", "virtio-mmio.force-legacy=false",
 		"-serial", "file:" + s.Console,
 		"-kernel", r.Guest.Kernel, "-initrd", r.Guest.Initramfs,
-		// Under TCG the kernel's TSC calibration against the PIT fails
-		// when the host is busy and the boot hangs: tell it the rate (TCG's
-		// TSC is the host's).
-		"-append", "console=ttyS0 panic=-1 quiet tsc=reliable tsc_early_khz=" + hostTSCkHz(),
-		"-drive", "id=vol,file=" + info.Device + ",format=raw,if=none,cache=none,aio=threads",
-		"-device", "virtio-blk-device,drive=vol,serial=podvol-volume",
+		"-append", appendArgs,
+	}, devices...)
+	args = append(args,
 		"-device", "virtio-serial-device,max_ports=2",
-		"-chardev", "socket,id=agent,path=" + filepath.Join(s.dir, "agent.sock"),
-		"-device", "virtserialport,chardev=agent,name=" + agentapi.PortName,
-	}
+		"-chardev", "socket,id=agent,path="+filepath.Join(s.dir, "agent.sock"),
+		"-device", "virtserialport,chardev=agent,name="+agentapi.PortName,
+	)
 	s.cmd = exec.Command("qemu-system-x86_64", args...)
 	qlog, err := os.Create(filepath.Join(s.dir, "qemu.log"))
 	if err != nil {
@@ -181,7 +255,7 @@ func (r *Runtime) Start(ctx context.Context, target, id string) (*Sandbox, error
 	if err := s.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
-	r.logf("sandbox %s: qemu pid %d, %s, device %s", id, s.cmd.Process.Pid, Accel(), info.Device)
+	r.logf("sandbox %s: qemu pid %d, %s, disk %+v", id, s.cmd.Process.Pid, Accel(), disk)
 	go func() { s.waitErr = s.cmd.Wait(); close(s.exited) }()
 
 	// QEMU connects to the channel as it starts, before the guest runs.
@@ -209,23 +283,23 @@ func (r *Runtime) Start(ctx context.Context, target, id string) (*Sandbox, error
 	}
 	s.Device = ready.Device
 	s.Booted = time.Since(begin)
+	s.Uptime = ready.Uptime
 	r.logf("sandbox %s: guest agent ready after %v (guest uptime %s; disk %s)", id, s.Booted.Round(time.Millisecond), ready.Uptime, s.Device)
-
-	if info.FsType != "" {
-		rep, err := s.Call(ctx, agentapi.Request{Op: agentapi.OpMount, FsType: info.FsType, Options: info.Options,
-			FsGroup: info.Metadata[directvolume.MetaFsGroup], FsGroupChangePolicy: info.Metadata[directvolume.MetaFsGroupChangePolicy]})
-		if err != nil {
-			return nil, err
-		}
-		if rep.Error != "" {
-			return nil, fmt.Errorf("guest mount: %s\n%s", rep.Error, s.logs())
-		}
-	}
-	if err := s.serveShim(); err != nil {
-		return nil, err
-	}
 	ok = true
 	return s, nil
+}
+
+// Mount has the agent mount the volume (req.Op is set here).
+func (s *Sandbox) Mount(ctx context.Context, req agentapi.Request) error {
+	req.Op = agentapi.OpMount
+	rep, err := s.Call(ctx, req)
+	if err != nil {
+		return err
+	}
+	if rep.Error != "" {
+		return fmt.Errorf("guest mount: %s\n%s", rep.Error, s.logs())
+	}
+	return nil
 }
 
 func (r *Runtime) logf(format string, a ...any) {
@@ -327,8 +401,30 @@ func (s *Sandbox) serveShim() error {
 			Condition: &directvolume.Condition{Message: "OK"},
 		})
 	})
-	mux.HandleFunc("POST /direct-volume/resize", func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "resize not implemented by the agent", http.StatusInternalServerError)
+	// Kata's shim answers a failure of any step with 500 and the error's
+	// text: a body it cannot decode, a volume the sandbox does not have, or
+	// the agent's answer, which for a direct volume is a refusal.
+	mux.HandleFunc("POST /direct-volume/resize", func(w http.ResponseWriter, req *http.Request) {
+		var rr ResizeRequest
+		if err := json.NewDecoder(io.LimitReader(req.Body, 1<<20)).Decode(&rr); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		s.askedMu.Lock()
+		s.resizes = append(s.resizes, rr)
+		s.askedMu.Unlock()
+		if rr.VolumePath != s.Info.Device {
+			http.Error(w, fmt.Sprintf("mount %s not found in sandbox %s", rr.VolumePath, s.ID), http.StatusInternalServerError)
+			return
+		}
+		rep, err := s.Call(req.Context(), agentapi.Request{Op: agentapi.OpResize, Size: int64(min(rr.Size, math.MaxInt64))})
+		if err == nil && rep.Error != "" {
+			err = errors.New(rep.Error)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
 	})
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.srv.Serve(lis) }()
@@ -398,6 +494,13 @@ func (s *Sandbox) StatsAsked() []string {
 	s.askedMu.Lock()
 	defer s.askedMu.Unlock()
 	return slices.Clone(s.statsAsked)
+}
+
+// Resizes lists the resize requests the shim received.
+func (s *Sandbox) Resizes() []ResizeRequest {
+	s.askedMu.Lock()
+	defer s.askedMu.Unlock()
+	return slices.Clone(s.resizes)
 }
 
 // Running reports whether QEMU is still running.

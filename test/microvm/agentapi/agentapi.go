@@ -9,19 +9,32 @@ const PortName = "podvol.agent"
 // Mountpoint is where the agent mounts the volume in the guest.
 const Mountpoint = "/run/volume"
 
-// Request ops: mount the disk, exec a script, report statfs, shut down
-// (unmount, sync, power off).
+// Request ops: mount the disk (or a virtio-fs share), exec a script, report
+// statfs, grow the mounted volume, shut down (unmount, sync, power off).
 const (
 	OpMount    = "mount"
 	OpExec     = "exec"
 	OpStats    = "stats"
+	OpResize   = "resize"
 	OpShutdown = "shutdown"
 )
+
+// ResizeRefusal is the agent's answer to OpResize. Kata's agent does not
+// grow a direct-assigned volume in a running guest either; the runtime
+// passes the refusal on, as Kata's shim does, and the tests look for these
+// words in what podvol returns.
+const ResizeRefusal = "the guest agent does not implement resizing a direct-assigned volume online"
+
+// NoDisk on the guest's kernel command line tells the agent not to wait for
+// a virtio-blk disk (a guest whose volume is a virtio-fs share).
+const NoDisk = "podvol.nodisk"
 
 // Request is one call to the agent.
 type Request struct {
 	Op                  string   `json:"op"`
 	FsType              string   `json:"fstype,omitempty"`
+	Source              string   `json:"source,omitempty"` // mount this (a virtio-fs tag) instead of the disk
+	Size                int64    `json:"size,omitempty"`   // OpResize: the new size in bytes
 	Options             []string `json:"options,omitempty"`
 	FsGroup             string   `json:"fsGroup,omitempty"`
 	FsGroupChangePolicy string   `json:"fsGroupChangePolicy,omitempty"`

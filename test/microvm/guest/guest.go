@@ -23,15 +23,26 @@ import (
 // Modules are the modules the guest loads, before their dependencies are
 // added. crc32c_generic answers the crc32c that ext4, jbd2 and libcrc32c ask
 // the crypto API for (a soft dependency: no modprobe in the guest to find it).
-var Modules = []string{"crc32c_generic", "virtio_mmio", "virtio_blk", "virtio_console", "ext4", "xfs"}
+// virtiofs (and fuse) is kept for bench/microvm, which compares a
+// direct-assigned disk with the same filesystem shared by virtio-fs.
+var Modules = []string{"crc32c_generic", "virtio_mmio", "virtio_blk", "virtio_console", "ext4", "xfs", "virtiofs"}
 
 // BootModules are loaded as the guest starts; the rest (a filesystem and what
 // it needs) when the agent mounts that filesystem: xfs alone takes a second
 // to load under TCG.
 var BootModules = []string{"crc32c_generic", "virtio_mmio", "virtio_blk", "virtio_console"}
 
-// Filesystems are the fstypes the guest can mount.
+// Filesystems are the fstypes the guest can mount; Options.Filesystems adds
+// others of Modules.
 var Filesystems = []string{"ext4", "xfs"}
+
+// Options adds to the initramfs what only some guests need.
+type Options struct {
+	Filesystems []string // e.g. virtiofs
+	// Binaries are host programs copied in at their path, with the shared
+	// libraries ldd lists for them at theirs.
+	Binaries []string
+}
 
 // Guest is a bootable kernel and initramfs.
 type Guest struct {
@@ -93,12 +104,16 @@ func KernelVersion() (string, error) {
 func Kernel(t testing.TB, version string) string {
 	t.Helper()
 	dir := filepath.Join(CacheDir(), "microvm-"+version)
-	// The stamp names the modules kept: a cache made for another list is
-	// made again.
+	// The stamp names the modules kept: a cache that lacks one is made
+	// again.
 	stamp := "modules: " + strings.Join(Modules, " ") + "\n"
 	complete := func() bool {
 		b, err := os.ReadFile(filepath.Join(dir, "complete"))
-		return err == nil && strings.HasSuffix(string(b), stamp)
+		if err != nil {
+			return false
+		}
+		_, kept, _ := strings.Cut(string(b), "modules: ")
+		return !slices.ContainsFunc(Modules, func(m string) bool { return !slices.Contains(strings.Fields(kept), m) })
 	}
 	if complete() {
 		return dir
@@ -343,6 +358,12 @@ func readIn(dir, name string) ([]byte, error) {
 // dir (busybox-static, the modules, the agent as /init).
 func Prepare(t testing.TB, dir string) *Guest {
 	t.Helper()
+	return PrepareWith(t, dir, Options{})
+}
+
+// PrepareWith is Prepare with more in the initramfs.
+func PrepareWith(t testing.TB, dir string, o Options) *Guest {
+	t.Helper()
 	EnsurePackage(t, "busybox", "busybox-static")
 	version, err := KernelVersion()
 	if err != nil {
@@ -355,11 +376,15 @@ func Prepare(t testing.TB, dir string) *Guest {
 	} else {
 		t.Logf("booting the compressed kernel (slower under TCG): %v", err)
 	}
-	load, err := os.ReadFile(filepath.Join(kdir, "modules", "load"))
+	// Only the modules of the filesystems this guest mounts: xfs alone is
+	// 2 MiB that every boot unpacks.
+	mdir := filepath.Join(kdir, "modules")
+	filesystems := append(slices.Clone(Filesystems), o.Filesystems...)
+	all, err := resolve(mdir, append(slices.Clone(BootModules), filesystems...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.Modules = strings.Fields(string(load))
+	g.Modules = strings.Fields(names(all))
 
 	agent := filepath.Join(dir, "agent")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", agent, "github.com/podvol/podvol/test/microvm/guest/agent")
@@ -395,14 +420,16 @@ func Prepare(t testing.TB, dir string) *Guest {
 			t.Fatal(err)
 		}
 	}
+	if err := c.binaries(o.Binaries); err != nil {
+		t.Fatal(err)
+	}
 	// What to load at boot, and per filesystem what to add at its mount.
-	mdir := filepath.Join(kdir, "modules")
 	boot, err := resolve(mdir, BootModules)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.data("lib/modules/load", []byte(names(boot)+"\n"), 0o644)
-	for _, fs := range Filesystems {
+	for _, fs := range filesystems {
 		all, err := resolve(mdir, append(slices.Clone(BootModules), fs))
 		if err != nil {
 			t.Fatal(err)
@@ -457,6 +484,51 @@ func (c *cpio) file(name, src string, perm uint32) error {
 		return err
 	}
 	c.data(name, b, perm)
+	return nil
+}
+
+// binaries adds each program and the shared libraries ldd lists for it,
+// each at its host path, with the directories above them.
+func (c *cpio) binaries(progs []string) error {
+	seen := map[string]bool{"/bin": true, "/lib": true, "/lib/modules": true} // made by Prepare
+	add := func(p string) error {
+		if seen[p] {
+			return nil
+		}
+		seen[p] = true
+		var dirs []string
+		for d := filepath.Dir(p); d != "/" && !seen[d]; d = filepath.Dir(d) {
+			seen[d] = true
+			dirs = append(dirs, d)
+		}
+		for i := len(dirs) - 1; i >= 0; i-- { // parents first
+			c.dir(strings.TrimPrefix(dirs[i], "/"), 0o755)
+		}
+		resolved, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return err
+		}
+		return c.file(strings.TrimPrefix(p, "/"), resolved, 0o755)
+	}
+	for _, prog := range progs {
+		out, err := exec.Command("ldd", prog).Output()
+		if err != nil {
+			return fmt.Errorf("ldd %s: %w", prog, err)
+		}
+		libs := []string{prog}
+		for _, l := range strings.Split(string(out), "\n") {
+			for _, f := range strings.Fields(l) {
+				if strings.HasPrefix(f, "/") {
+					libs = append(libs, f)
+				}
+			}
+		}
+		for _, l := range libs {
+			if err := add(l); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 

@@ -7,7 +7,11 @@
 //	{"op":"mount","fstype":..,"options":[..],"fsGroup":"2000","fsGroupChangePolicy":..}
 //	{"op":"exec","uid":1000,"gid":1000,"groups":[2000],"cmd":"shell script"}
 //	{"op":"stats"}
+//	{"op":"resize","size":N}   refused, as Kata's agent does
 //	{"op":"shutdown"}   unmount, sync, power off
+//
+// With podvol.nodisk on the kernel command line it waits for no disk: the
+// volume is then a virtio-fs share ({"op":"mount","fstype":"virtiofs","source":tag}).
 //
 // Built static (CGO_ENABLED=0); it is never shipped.
 package main
@@ -22,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -78,9 +83,11 @@ func run() error {
 		return err
 	}
 	defer f.Close()
-	dev, err := waitDisk(10 * time.Second)
-	if err != nil {
-		return err
+	dev := ""
+	if cmdline, _ := os.ReadFile("/proc/cmdline"); !slices.Contains(strings.Fields(string(cmdline)), agentapi.NoDisk) {
+		if dev, err = waitDisk(10 * time.Second); err != nil {
+			return err
+		}
 	}
 	logf("ready after %v: disk %s, channel %s", time.Since(start).Round(time.Millisecond), dev, port)
 	enc := json.NewEncoder(f)
@@ -150,6 +157,8 @@ func handle(dev string, req *agentapi.Request) agentapi.Reply {
 			r.DeviceBytes = n * 512
 		}
 		return r
+	case agentapi.OpResize:
+		return agentapi.Reply{Error: fmt.Sprintf("%s (%s to %d bytes)", agentapi.ResizeRefusal, agentapi.Mountpoint, req.Size)}
 	case agentapi.OpShutdown:
 		unix.Sync()
 		if err := unix.Unmount(agentapi.Mountpoint, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
@@ -157,6 +166,9 @@ func handle(dev string, req *agentapi.Request) agentapi.Reply {
 		}
 		unix.Sync()
 		// Flush the disk's cache to the host before the machine goes.
+		if dev == "" {
+			return agentapi.Reply{}
+		}
 		if f, err := os.OpenFile(dev, os.O_RDWR, 0); err == nil {
 			_ = f.Sync()
 			f.Close()
@@ -286,10 +298,17 @@ func mountVolume(dev string, req *agentapi.Request) error {
 		}
 		logf("%s modules loaded in %v", req.FsType, time.Since(t0).Round(time.Millisecond))
 	}
-	if err := unix.Mount(dev, agentapi.Mountpoint, req.FsType, flags, strings.Join(data, ",")); err != nil {
-		return fmt.Errorf("mount %s as %s (flags %#x, data %q): %w", dev, req.FsType, flags, strings.Join(data, ","), err)
+	src := dev
+	if req.Source != "" {
+		src = req.Source
 	}
-	logf("mounted %s on %s as %s, options %v", dev, agentapi.Mountpoint, req.FsType, req.Options)
+	if src == "" {
+		return fmt.Errorf("nothing to mount: the guest has no disk and the request names no source")
+	}
+	if err := unix.Mount(src, agentapi.Mountpoint, req.FsType, flags, strings.Join(data, ",")); err != nil {
+		return fmt.Errorf("mount %s as %s (flags %#x, data %q): %w", src, req.FsType, flags, strings.Join(data, ","), err)
+	}
+	logf("mounted %s on %s as %s, options %v", src, agentapi.Mountpoint, req.FsType, req.Options)
 	if req.FsGroup == "" {
 		return nil
 	}
