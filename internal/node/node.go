@@ -183,8 +183,8 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 		// expansion, or a restore into a larger volume): ext4 grows
 		// best before the mount, which needs no privilege beyond root.
 		if v.GrowFs && found == "ext4" {
-			if err := n.dev.GrowOffline(ctx, dev); err != nil {
-				return fmt.Errorf("grow filesystem of volume %s: %w", v.ID, err)
+			if err := n.growUnmounted(ctx, v, dev); err != nil {
+				return err
 			}
 			if err := n.pool.FsGrown(v.ID); err != nil {
 				return err
@@ -197,12 +197,7 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 	if err := os.MkdirAll(path, 0o750); err != nil {
 		return fmt.Errorf("create staging path: %w", err)
 	}
-	if v.FsType == "xfs" && !hasFlag(flags, "nouuid") {
-		// A clone or restore carries its source's UUID, and XFS refuses
-		// to mount a second filesystem with a UUID already mounted.
-		flags = append(slices.Clip(flags), "nouuid")
-	}
-	if err := n.dev.Mount(ctx, dev, path, v.FsType, flags); err != nil {
+	if err := n.dev.Mount(ctx, dev, path, v.FsType, withNoUUID(v.FsType, flags)); err != nil {
 		return fmt.Errorf("mount volume %s: %w", v.ID, err)
 	}
 	if v.GrowFs {

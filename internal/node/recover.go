@@ -10,7 +10,8 @@ import (
 	"github.com/podvol/podvol/internal/store"
 )
 
-// Recover reconciles the store with the kernel after a restart: stages caught
+// Recover reconciles the store with the kernel after a restart: private
+// growth mounts an interrupted NodeExpandVolume left are removed, stages caught
 // half-way are rolled back (kubelet retries them), finished stages get their
 // loop device and staging mount back if a reboot took them, publications whose
 // mount is gone are forgotten, and loop devices of pool images that no stage
@@ -21,6 +22,11 @@ func (n *Node) Recover(ctx context.Context) error {
 		return err
 	}
 	var errs []error
+	// A growth interrupted at its private mount goes first: nothing below
+	// may mount the filesystem a second time, or find it mounted there.
+	if err := n.cleanGrowMounts(); err != nil {
+		errs = append(errs, err)
+	}
 	owned := map[string]bool{}
 	for _, v := range vols {
 		if v.Stage == nil {

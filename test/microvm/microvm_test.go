@@ -599,3 +599,109 @@ func TestGuestSeesExpandedVolume(t *testing.T) {
 		})
 	}
 }
+
+// TestGuestBootsWithVolumeExpandedBeforeIt: kubelet's order for a pod whose
+// volume was expanded while no pod used it. Kubelet (v1.37) stages and
+// publishes the volume, then calls NodeExpandVolume with the pod's target
+// path, all before the runtime creates the sandbox. The expansion succeeds
+// (no guest has the filesystem: podvol grows it on the host, unmounted), and
+// the guest that then boots from that publication sees the larger
+// filesystem, with the data written before still intact.
+func TestGuestBootsWithVolumeExpandedBeforeIt(t *testing.T) {
+	g := setup(t)
+	for _, tc := range []struct {
+		fs         string
+		size, grow int64
+	}{{"ext4", 128 << 20, 96 << 20}, {"xfs", 320 << 20, 160 << 20}} {
+		t.Run(tc.fs, func(t *testing.T) {
+			e := newEnv(t, g)
+			c := rwop(tc.fs)
+			id := e.create("kubelet-order-"+tc.fs, tc.size, c)
+			target := e.target(id)
+			ctx := ctxT(t, 10*time.Minute)
+			e.stage(id, c)
+			// Data from an earlier pod (written on the host's stage).
+			keep := filepath.Join(e.staging(id), "keep")
+			if out, err := exec.Command("sh", "-c", "dd if=/dev/urandom of="+keep+" bs=1M count=8 2>/dev/null && sync").CombinedOutput(); err != nil {
+				t.Fatalf("write %s: %v: %s", keep, err, out)
+			}
+			sum, err := exec.Command("sha256sum", keep).Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var hs syscall.Statfs_t
+			if err := syscall.Statfs(e.staging(id), &hs); err != nil {
+				t.Fatal(err)
+			}
+			before := int64(hs.Blocks) * hs.Bsize
+
+			e.publish(id, c)
+			size := tc.size + tc.grow
+			r, err := e.expand(ctx, id, target, size, c)
+			e.must("NodeExpandVolume at the target path before the sandbox exists", err)
+			if r.GetCapacityBytes() != size {
+				t.Fatalf("NodeExpandVolume returned %d bytes, want %d", r.GetCapacityBytes(), size)
+			}
+			info, err := directvolume.Read(e.rt.Root, target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m := hostMountsOf(info.Device); len(m) != 0 {
+				t.Fatalf("%s is mounted on the host after the expansion: %v", info.Device, m)
+			}
+
+			sb, err := e.rt.Start(ctx, target, "sandbox-"+tc.fs)
+			if err != nil {
+				t.Fatalf("boot the guest: %v", err)
+			}
+			t.Cleanup(func() {
+				if sb.Running() {
+					_ = sb.Stop(context.Background())
+				}
+			})
+			out, err := sb.Exec(ctx, 0, 0, nil, "df -k /run/volume | tail -1; sha256sum keep")
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := sb.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("[%s] host filesystem before %d bytes; guest after NodeExpandVolume to %d: disk %d bytes, filesystem %d bytes; df -k and checksum:\n%s",
+				tc.fs, before, size, st.DeviceBytes, st.Total, strings.TrimSpace(out))
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 2 || !strings.HasPrefix(lines[1], strings.Fields(string(sum))[0]+"  ") {
+				t.Fatalf("the data written before the growth is not intact in the guest: %q, want checksum %s", out, strings.Fields(string(sum))[0])
+			}
+			df := strings.Fields(lines[0])
+			var dfKiB int64
+			if len(df) < 2 {
+				t.Fatalf("df: %q", lines[0])
+			}
+			if _, err := fmt.Sscan(df[1], &dfKiB); err != nil {
+				t.Fatalf("df: %q: %v", lines[0], err)
+			}
+			// The filesystem grew by about the volume's growth (minus what
+			// it keeps for itself), in df and in statfs.
+			want := tc.grow
+			for what, got := range map[string]int64{"df": dfKiB<<10 - before, "statfs": st.Total - before} {
+				if got < want*85/100 || got > want {
+					t.Fatalf("the guest's %s shows a filesystem %d bytes larger than before (disk %d bytes); want %d..%d bytes more: NodeExpandVolume did not grow it",
+						what, got, st.DeviceBytes, want*85/100, want)
+				}
+			}
+			if st.DeviceBytes != size {
+				t.Fatalf("the guest's disk is %d bytes, want %d", st.DeviceBytes, size)
+			}
+			if err := sb.Stop(ctx); err != nil {
+				t.Fatalf("guest shutdown: %v", err)
+			}
+			e.unpublish(id)
+			e.unstage(id)
+			e.delete(id)
+			if loops, mounts := plugintest.Leftovers(e.dir); len(loops)+len(mounts) > 0 {
+				t.Fatalf("leftovers: loop devices %v, mounts %v", loops, mounts)
+			}
+		})
+	}
+}
