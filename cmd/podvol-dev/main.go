@@ -1,5 +1,5 @@
-// Command podvol-dev runs podvol's dev cluster: a real single-node Kubernetes
-// on this machine with podvol deployed (see internal/devcluster).
+// Command podvol-dev runs podvol's dev cluster: a real Kubernetes of several
+// nodes on this machine with podvol deployed (see internal/devcluster).
 //
 //	podvol-dev up      build what is missing, start the cluster, deploy podvol
 //	podvol-dev demo    up, then walk through every volume lifecycle
@@ -24,7 +24,8 @@ var version = "dev"
 
 func main() {
 	dir := flag.String("dir", devcluster.DefaultDir(), "directory holding all of the cluster's state (PODVOL_DEV_DIR)")
-	pool := flag.String("pool-size", "20Gi", "size of the XFS image backing podvol's pool")
+	pool := flag.String("pool-size", "20Gi", "size of the XFS image backing the first node's pool (each next node's is smaller)")
+	nodes := flag.Int("nodes", devcluster.DefaultNodes, "how many nodes a new cluster has")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: podvol-dev [flags] up|demo|down\n")
@@ -46,7 +47,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	c := devcluster.New(devcluster.Config{Dir: *dir, PoolSize: q.Value()})
+	c := devcluster.New(devcluster.Config{Dir: *dir, PoolSize: q.Value(), Nodes: *nodes})
 	switch flag.Arg(0) {
 	case "up":
 		err = c.Up(ctx)

@@ -75,16 +75,12 @@ func (p pki) ensure() error {
 
 // kubelet issues the kubelet's certificate for a node name (the Node
 // authorizer wants system:node:<name>) and returns its base name.
-func (p pki) kubelet(node string) (string, error) {
+func (p pki) kubelet(node, ip string) (string, error) {
 	name := "kubelet-" + node
 	if _, err := os.Stat(p.path(name + ".crt")); err == nil {
 		return name, nil
 	}
-	ips := []string{"127.0.0.1"}
-	if ip := net.ParseIP(node); ip != nil {
-		ips = append(ips, node)
-	}
-	return name, p.issue(name, "system:node:"+node, []string{"system:nodes"}, []string{"localhost", node}, ips)
+	return name, p.issue(name, "system:node:"+node, []string{"system:nodes"}, []string{node}, []string{ip, "127.0.0.1"})
 }
 
 // issue signs a certificate with the CA.
@@ -143,13 +139,20 @@ func (p pki) write(name string, der []byte, key *rsa.PrivateKey) error {
 	return os.WriteFile(p.path(name+".key"), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600)
 }
 
-// kubeconfig writes a kubeconfig for the user whose certificate is certName.
+// kubeconfig writes a kubeconfig for the user whose certificate is certName,
+// for use on the host.
 func (p pki) kubeconfig(path, certName string) error {
+	return p.kubeconfigFor(path, certName, "https://127.0.0.1:6443")
+}
+
+// kubeconfigFor writes a kubeconfig for the user whose certificate is
+// certName that reaches the API server at server.
+func (p pki) kubeconfigFor(path, certName, server string) error {
 	return os.WriteFile(path, []byte(fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - name: podvol-dev
-  cluster: {server: "https://127.0.0.1:6443", certificate-authority: %q}
+  cluster: {server: %q, certificate-authority: %q}
 users:
 - name: %s
   user: {client-certificate: %q, client-key: %q}
@@ -157,5 +160,5 @@ contexts:
 - name: podvol-dev
   context: {cluster: podvol-dev, user: %s}
 current-context: podvol-dev
-`, p.path("ca.crt"), certName, p.path(certName+".crt"), p.path(certName+".key"), certName)), 0o600)
+`, server, p.path("ca.crt"), certName, p.path(certName+".crt"), p.path(certName+".key"), certName)), 0o600)
 }

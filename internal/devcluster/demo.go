@@ -132,7 +132,7 @@ func (c *Cluster) where(ctx context.Context, ns, pvc string) string {
 	pv, _ := c.Get(ctx, ns, "pvc/"+pvc, "{.spec.volumeName}")
 	node, _ := c.Get(ctx, "", "pv/"+pv, "{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}")
 	handle, _ := c.Get(ctx, "", "pv/"+pv, "{.spec.csi.volumeHandle}")
-	return fmt.Sprintf("node %s, %s/volumes/%s.img", node, c.path("pool"), handle)
+	return fmt.Sprintf("node %s, %s/volumes/%s.img", node, c.poolOf(node), handle)
 }
 
 func (c *Cluster) demoGenericEphemeral(ctx context.Context, ns string) (string, string, error) {
@@ -190,7 +190,8 @@ spec:
 	if err != nil || !strings.HasPrefix(out, "inline") {
 		return "", "", fmt.Errorf("read back %q: %w", out, err)
 	}
-	return "Pod inline (volumes[].csi, no PVC)", "node " + c.NodeName + ", an image in " + c.path("pool", "volumes") + ", deleted with the pod", nil
+	node, _ := c.Get(ctx, ns, "pod/inline", "{.spec.nodeName}")
+	return "Pod inline (volumes[].csi, no PVC)", "node " + node + ", an image in " + c.poolOf(node) + "/volumes, deleted with the pod", nil
 }
 
 // DBStatefulSet is a StatefulSet "db" of one busybox pod running script,
@@ -392,4 +393,12 @@ func indent(s string, n int) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// poolOf is the host path of the named node's pool.
+func (c *Cluster) poolOf(node string) string {
+	if n := c.Node(node); n != nil {
+		return n.PoolDir()
+	}
+	return "(node " + node + " is not one of the dev cluster's)"
 }

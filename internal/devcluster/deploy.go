@@ -49,24 +49,15 @@ func (c *Cluster) crds(ctx context.Context) error {
 	return err
 }
 
-// overlay is the dev cluster's kustomization over deploy/base: images built
-// here and host paths under the cluster's directory, nothing else, so that
-// what runs here is what a cluster admin applies (pods reach the API server
-// through the kubernetes Service: see serviceNet).
+// overlay is the dev cluster's kustomization over deploy/base: the images
+// built here, nothing else, so that what runs here is what a cluster admin
+// applies (each node sees its own files at the host paths deploy/base
+// names: see Node; pods reach the API server through the kubernetes
+// Service: see serviceNet).
 func (c *Cluster) overlay() string {
-	kd := c.kubeletDir()
-	var ops []map[string]any
-	op := func(o, path string, v any) { ops = append(ops, map[string]any{"op": o, "path": path, "value": v}) }
-	vols := map[int]string{0: kd + "/plugins/podvol.io", 1: kd + "/plugins_registry", 2: kd, 3: c.path("pool"), 5: c.path("kata", "direct-volumes"), 6: c.path("kata", "sbs")}
-	for i, p := range vols {
-		op("replace", fmt.Sprintf("/spec/template/spec/volumes/%d/hostPath/path", i), p)
-	}
-	op("replace", "/spec/template/spec/containers/0/volumeMounts/2/mountPath", kd)
-	op("replace", "/spec/template/spec/containers/0/env/1/value", kd)
-	nodePatch, _ := json.Marshal(ops)
 	var images strings.Builder
-	images.WriteString("  - {name: podvol/podvol-plugin, newName: localhost/podvol-plugin, newTag: dev}\n")
-	images.WriteString("  - {name: podvol/podvol-controller, newName: localhost/podvol-controller, newTag: dev}\n")
+	fmt.Fprintf(&images, "  - {name: podvol/podvol-plugin, newName: localhost/podvol-plugin, newTag: %s}\n", c.podvolTag)
+	fmt.Fprintf(&images, "  - {name: podvol/podvol-controller, newName: localhost/podvol-controller, newTag: %s}\n", c.podvolTag)
 	for name, v := range sidecarImages {
 		fmt.Fprintf(&images, "  - {name: registry.k8s.io/sig-storage/%s, newName: localhost/%s, newTag: %s}\n", name, name, v)
 	}
@@ -76,10 +67,7 @@ kind: Kustomization
 resources:
   - %s
 images:
-%spatches:
-  - target: {kind: DaemonSet, name: podvol-node}
-    patch: '%s'
-`, c.baseRel(), images.String(), nodePatch)
+%s`, c.baseRel(), images.String())
 }
 
 // baseRel is deploy/base relative to the overlay: kustomize takes no
@@ -115,17 +103,28 @@ func (c *Cluster) deploy(ctx context.Context) error {
 		}
 		c.p.note("%s", strings.TrimSpace(out))
 	}
-	return waitFor("podvol registered with the kubelet and reporting capacity", 3*time.Minute, func() error {
-		out, err := c.kubectl(ctx, "get", "csinode", c.NodeName, "-o", "jsonpath={.spec.drivers[*].name}")
-		if err != nil || !strings.Contains(out, "podvol.io") {
-			return fmt.Errorf("CSINode %s lists drivers %q: %w", c.NodeName, out, errNotYet)
+	return waitFor("podvol registered with every kubelet and reporting every node's capacity", 3*time.Minute, c.podvolOnEveryNode(ctx))
+}
+
+// podvolOnEveryNode checks that podvol is registered with each node's
+// kubelet and publishes each node's capacity.
+func (c *Cluster) podvolOnEveryNode(ctx context.Context) func() error {
+	return func() error {
+		capacity, err := c.kubectl(ctx, "get", "csistoragecapacities", "-A", "-o", "jsonpath={.items[*].nodeTopology.matchLabels}")
+		if err != nil {
+			return err
 		}
-		out, err = c.kubectl(ctx, "get", "csistoragecapacities", "-A", "-o", "name")
-		if err != nil || strings.TrimSpace(out) == "" {
-			return fmt.Errorf("no CSIStorageCapacity yet: %w", errNotYet)
+		for _, n := range c.Nodes {
+			out, err := c.kubectl(ctx, "get", "csinode", n.Name, "-o", "jsonpath={.spec.drivers[*].name}")
+			if err != nil || !strings.Contains(out, "podvol.io") {
+				return fmt.Errorf("CSINode %s lists drivers %q: %w", n.Name, out, errNotYet)
+			}
+			if !strings.Contains(capacity, `"`+n.Name+`"`) {
+				return fmt.Errorf("no CSIStorageCapacity for node %s yet: %w", n.Name, errNotYet)
+			}
 		}
 		return nil
-	})
+	}
 }
 
 func (c *Cluster) describePods(ctx context.Context) string {

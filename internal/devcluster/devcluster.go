@@ -1,5 +1,5 @@
-// Package devcluster runs a real single-node Kubernetes with podvol deployed
-// on this machine: the target of `make demo` and of the end-to-end tests.
+// Package devcluster runs a real Kubernetes of several nodes with podvol
+// deployed on this machine: the target of `make demo` and of the end-to-end tests.
 // Kubernetes, etcd and the CSI sidecars are built from Go modules (cached by
 // version outside the repository); containerd, runc and the CNI plugins come
 // from Debian; images are built as OCI archives and imported, since no
@@ -9,6 +9,7 @@ package devcluster
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -21,7 +22,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/versions"
 )
 
@@ -31,9 +31,11 @@ type Config struct {
 	Dir string
 	// Repo is the podvol source tree (deploy/, tools/).
 	Repo string
-	// NodeName is the kubelet's node name.
-	NodeName string
-	// PoolSize is the size of the XFS image backing podvol's pool.
+	// Nodes is how many nodes a new cluster has (see Node); a cluster that
+	// exists keeps the nodes it has.
+	Nodes int
+	// PoolSize is the size of the XFS image backing the first node's pool;
+	// each next node's is smaller.
 	PoolSize int64
 	Out      io.Writer
 }
@@ -41,8 +43,13 @@ type Config struct {
 // Cluster is one dev cluster.
 type Cluster struct {
 	Config
-	p    *progress
-	bins map[string]string
+	// Nodes are the cluster's nodes, by index.
+	Nodes []*Node
+	p     *progress
+	bins  map[string]string
+	// podvolTag tags podvol's images after their binaries' content, so
+	// that deploying a changed podvol rolls its pods out.
+	podvolTag string
 	// children are the components this process started: only those are
 	// reaped here, by their own handle.
 	children map[int]*os.Process
@@ -74,13 +81,8 @@ func New(c Config) *Cluster {
 	if c.Repo == "" {
 		c.Repo = RepoRoot()
 	}
-	if c.NodeName == "" {
-		// A node replaced earlier (ReplaceNode) has another name.
-		if b, err := os.ReadFile(filepath.Join(c.Dir, "node-name")); err == nil {
-			c.NodeName = strings.TrimSpace(string(b))
-		} else {
-			c.NodeName = "localhost"
-		}
+	if c.Nodes == 0 {
+		c.Nodes = DefaultNodes
 	}
 	if c.PoolSize == 0 {
 		c.PoolSize = 20 << 30
@@ -88,8 +90,13 @@ func New(c Config) *Cluster {
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
-	return &Cluster{Config: c, p: &progress{out: c.Out, start: time.Now()}}
+	cl := &Cluster{Config: c, p: &progress{out: c.Out, start: time.Now()}}
+	cl.loadNodes(c.Nodes, c.PoolSize)
+	return cl
 }
+
+// DefaultNodes is how many nodes a new cluster has unless told otherwise.
+const DefaultNodes = 3
 
 // Kubeconfig is the admin kubeconfig of the cluster.
 func (c *Cluster) Kubeconfig() string { return filepath.Join(c.Dir, "admin.kubeconfig") }
@@ -97,14 +104,10 @@ func (c *Cluster) Kubeconfig() string { return filepath.Join(c.Dir, "admin.kubec
 // Kubectl is the path of the kubectl binary the cluster uses.
 func (c *Cluster) Kubectl() string { return c.bins["kubectl"] }
 
-// PoolDir is podvol's pool on the host.
-func (c *Cluster) PoolDir() string { return c.path("pool") }
-
-// Kubelet GETs path from the kubelet's API (e.g. /stats/summary) as the
-// cluster's admin. The API server's node proxy refuses a loopback node
-// address, which the dev cluster's node has.
-func (c *Cluster) Kubelet(ctx context.Context, path string) ([]byte, error) {
-	pk := c.path("pki")
+// Kubelet GETs path from the node's kubelet API (e.g. /stats/summary) as
+// the cluster's admin.
+func (n *Node) Kubelet(ctx context.Context, path string) ([]byte, error) {
+	pk := n.c.path("pki")
 	cert, err := tls.LoadX509KeyPair(filepath.Join(pk, "admin.crt"), filepath.Join(pk, "admin.key"))
 	if err != nil {
 		return nil, err
@@ -116,7 +119,7 @@ func (c *Cluster) Kubelet(ctx context.Context, path string) ([]byte, error) {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca)
 	cl := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots}}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://localhost:10250"+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+n.IP()+":10250"+path, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -144,12 +147,12 @@ func (c *Cluster) path(p ...string) string { return filepath.Join(append([]strin
 // waits until it serves. Running it again on a running cluster re-deploys
 // podvol and changes nothing else.
 func (c *Cluster) Up(ctx context.Context) error {
-	c.p.begin(9)
+	c.p.begin(10)
 	c.p.next("checking the machine")
 	if err := c.checkHost(); err != nil {
 		return err
 	}
-	for _, d := range []string{"run", "logs", "images", "kubelet", "pool", "cni", "containerd", "deploy"} {
+	for _, d := range []string{"run", "logs", "images", "deploy"} {
 		if err := os.MkdirAll(c.path(d), 0o755); err != nil {
 			return err
 		}
@@ -165,12 +168,14 @@ func (c *Cluster) Up(ctx context.Context) error {
 	if err := c.buildImages(); err != nil {
 		return err
 	}
-	c.p.next("preparing certificates and podvol's XFS pool")
+	c.p.next("preparing certificates and the XFS pools of %d nodes", len(c.Nodes))
 	if err := c.preparePKI(); err != nil {
 		return err
 	}
-	if err := c.preparePool(ctx); err != nil {
-		return err
+	for _, n := range c.Nodes {
+		if err := n.prepare(ctx); err != nil {
+			return err
+		}
 	}
 	c.p.next("starting etcd and kube-apiserver")
 	if err := c.startControlPlane(); err != nil {
@@ -180,16 +185,24 @@ func (c *Cluster) Up(ctx context.Context) error {
 	if err := c.startControllers(); err != nil {
 		return err
 	}
-	c.p.next("starting containerd and importing images")
+	c.p.next("starting %d nodes: namespaces, containerd with the images, kubelet", len(c.Nodes))
 	if err := c.serviceNet(); err != nil {
 		return err
 	}
-	if err := c.startContainerd(ctx); err != nil {
+	if err := c.privateNSDir(ctx); err != nil {
 		return err
 	}
-	c.p.next("starting the kubelet")
-	if err := c.startKubelet(ctx); err != nil {
-		return err
+	for _, n := range c.Nodes {
+		if err := n.up(ctx); err != nil {
+			return err
+		}
+		c.p.note("node %s: %s, pods %s, pool %d GiB", n.Name, n.IP(), n.podCIDR(), n.PoolSize>>30)
+	}
+	c.p.next("waiting for the nodes to be Ready")
+	for _, n := range c.Nodes {
+		if err := n.waitReady(ctx); err != nil {
+			return err
+		}
 	}
 	c.p.next("deploying podvol")
 	if err := c.deploy(ctx); err != nil {
@@ -205,7 +218,7 @@ func (c *Cluster) checkHost() error {
 		return fmt.Errorf("the dev cluster runs a kubelet, containerd and loop devices: run it as root")
 	}
 	var missing []string
-	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "busybox", "mkfs.xfs", "ip", "iptables"} {
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "busybox", "mkfs.xfs", "ip", "iptables", "unshare", "nsenter"} {
 		if _, err := exec.LookPath(b); err != nil {
 			missing = append(missing, b)
 		}
@@ -273,6 +286,15 @@ func (c *Cluster) buildBinaries(ctx context.Context) error {
 		}
 		c.bins[name] = filepath.Join(bin, name)
 	}
+	h := sha256.New()
+	for _, name := range []string{"podvol-plugin", "podvol-controller"} {
+		b, err := os.ReadFile(c.bins[name])
+		if err != nil {
+			return err
+		}
+		h.Write(b)
+	}
+	c.podvolTag = fmt.Sprintf("dev-%x", h.Sum(nil)[:6])
 	return nil
 }
 
@@ -310,8 +332,8 @@ func (c *Cluster) buildImages() error {
 	imgs := []image{
 		{ref: "localhost/pause:podvol", entrypoint: []string{"/pause"}, files: []file{{path: "/pause", from: c.bins["pause"], mode: 0o755}}},
 		{ref: "localhost/busybox:podvol", entrypoint: []string{"/bin/sh"}, files: bb},
-		{ref: "localhost/podvol-plugin:dev", entrypoint: []string{"/podvol-plugin"}, files: plugin},
-		{ref: "localhost/podvol-controller:dev", entrypoint: []string{"/podvol-controller"}, files: []file{{path: "/podvol-controller", from: c.bins["podvol-controller"], mode: 0o755}}},
+		{ref: "localhost/podvol-plugin:" + c.podvolTag, entrypoint: []string{"/podvol-plugin"}, files: plugin},
+		{ref: "localhost/podvol-controller:" + c.podvolTag, entrypoint: []string{"/podvol-controller"}, files: []file{{path: "/podvol-controller", from: c.bins["podvol-controller"], mode: 0o755}}},
 	}
 	for name, version := range sidecarImages {
 		imgs = append(imgs, image{ref: "localhost/" + name + ":" + version, entrypoint: []string{"/" + name}, files: []file{{path: "/" + name, from: c.bins[name], mode: 0o755}}})
@@ -332,46 +354,4 @@ func (c *Cluster) preparePKI() error {
 		return fmt.Errorf("certificates: %w", err)
 	}
 	return p.kubeconfig(c.Kubeconfig(), "admin")
-}
-
-// preparePool makes podvol's pool an XFS filesystem (reflink: snapshots and
-// clones in constant time) on a loop-attached sparse image.
-func (c *Cluster) preparePool(ctx context.Context) error {
-	mnt := c.path("pool")
-	if m, _ := device.MountedAt(mnt); m != nil {
-		return nil
-	}
-	img := c.path("pool.img")
-	fresh := false
-	if _, err := os.Stat(img); err != nil {
-		f, err := os.Create(img)
-		if err != nil {
-			return err
-		}
-		if err := f.Truncate(c.PoolSize); err != nil {
-			return err
-		}
-		f.Close()
-		fresh = true
-	}
-	devs, err := device.LoopsFor(img)
-	if err != nil {
-		return err
-	}
-	dev := ""
-	if len(devs) > 0 {
-		dev = devs[0]
-	} else if dev, err = device.AttachLoop(img); err != nil {
-		return fmt.Errorf("attach the pool image: %w", err)
-	}
-	if fresh {
-		if _, err := c.run(ctx, "mkfs.xfs", "-q", "-f", "-m", "reflink=1", dev); err != nil {
-			return err
-		}
-	}
-	if err := device.Mount(ctx, dev, mnt, "xfs", nil); err != nil {
-		return fmt.Errorf("mount the pool: %w", err)
-	}
-	c.p.note("pool: %s (%d GiB, XFS with reflink) at %s", dev, c.PoolSize>>30, mnt)
-	return nil
 }

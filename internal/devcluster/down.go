@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +23,7 @@ import (
 // existed before; Down removes the others.
 var hostPaths = []string{
 	"/var/lib/kubelet", "/var/log/pods", "/var/log/containers", "/var/lib/cni", "/run/netns", "/run/containerd",
+	"/var/lib/podvol", "/run/kata-containers", "/run/vc",
 }
 
 func (c *Cluster) recordHostPaths() error {
@@ -49,20 +49,23 @@ func (c *Cluster) Down(ctx context.Context) error {
 	}
 	c.p.begin(5)
 	var errs []error
-	c.p.next("stopping the kubelet and the pods' containers")
-	errs = append(errs, c.stopProcess("kubelet", 30*time.Second))
-	if _, ok := c.running("containerd"); ok {
-		c.removeContainers(ctx)
+	c.p.next("stopping %d nodes: kubelet, the pods' containers, containerd", len(c.Nodes))
+	for _, n := range c.Nodes {
+		errs = append(errs, n.stop(ctx))
 	}
-	errs = append(errs, c.stopProcess("containerd", 30*time.Second))
-	c.killShims()
 	c.p.next("stopping the control plane")
 	for _, n := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"} {
 		errs = append(errs, c.stopProcess(n, time.Minute))
 	}
-	c.p.next("removing mounts and loop devices")
+	c.p.next("removing mounts, loop devices, namespaces and cgroups")
 	errs = append(errs, c.unmountAll())
-	c.p.next("removing the network bridge, its nat rules and namespaces")
+	for _, n := range c.Nodes {
+		errs = append(errs, n.removeCgroups())
+	}
+	c.p.next("removing the network bridge, the nodes' links and the nat rules")
+	for _, n := range c.Nodes {
+		errs = append(errs, n.removeNetwork())
+	}
 	errs = append(errs, c.removeServiceRules())
 	if _, err := exec.Command("ip", "link", "show", bridge).CombinedOutput(); err == nil {
 		if out, err := exec.Command("ip", "link", "del", bridge).CombinedOutput(); err != nil {
@@ -71,7 +74,6 @@ func (c *Cluster) Down(ctx context.Context) error {
 			c.p.note("deleted bridge %s", bridge)
 		}
 	}
-	c.removeNetns()
 	c.p.next("removing files")
 	var existed map[string]bool
 	if b, err := os.ReadFile(c.path("host-paths.json")); err == nil {
@@ -96,51 +98,22 @@ func (c *Cluster) Down(ctx context.Context) error {
 	return nil
 }
 
-func (c *Cluster) removeContainers(ctx context.Context) {
-	ctr := func(args ...string) string {
-		out, _ := exec.CommandContext(ctx, "ctr", append([]string{"-a", c.containerdSock(), "-n", "k8s.io"}, args...)...).Output()
-		return string(out)
-	}
-	for _, t := range strings.Fields(ctr("tasks", "ls", "-q")) {
-		ctr("tasks", "kill", "-s", "SIGKILL", t)
-	}
-	time.Sleep(500 * time.Millisecond)
-	for _, t := range strings.Fields(ctr("tasks", "ls", "-q")) {
-		ctr("tasks", "rm", "-f", t)
-	}
-	for _, ct := range strings.Fields(ctr("containers", "ls", "-q")) {
-		ctr("containers", "rm", ct)
-	}
-}
-
-// killShims stops containerd shims that serve this cluster's containerd (its
-// socket path is in their command line), by PID.
-func (c *Cluster) killShims() {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(b), c.containerdSock()) || !strings.Contains(string(b), "containerd-shim") {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		if pid > 0 {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			c.p.note("killed shim pid %d", pid)
-		}
-	}
-}
-
 // unmountAll unmounts everything below the cluster's directory, deepest
-// first, detaching the loop devices of podvol's volumes before the pool that
-// holds their images, and the pool's own loop device last.
+// first (the nodes' namespace files among them: with the nodes' processes
+// gone, that ends the namespaces and every mount in them), detaching the
+// loop devices of podvol's volumes before the pools that hold their images,
+// and the pools' own loop devices last.
 func (c *Cluster) unmountAll() error {
 	var errs []error
-	pool := c.path("pool")
-	umount := func(keepPool bool) {
+	pools := map[string]bool{}
+	for _, n := range c.Nodes {
+		pools[n.PoolDir()] = true
+	}
+	umount := func(keepPools bool) {
 		ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(c.Dir))
 		sort.Slice(ms, func(i, j int) bool { return len(ms[i].Mountpoint) > len(ms[j].Mountpoint) })
 		for _, m := range ms {
-			if keepPool && m.Mountpoint == pool {
+			if keepPools && pools[m.Mountpoint] {
 				continue
 			}
 			if err := syscall.Unmount(m.Mountpoint, 0); err != nil {
@@ -162,17 +135,19 @@ func (c *Cluster) unmountAll() error {
 		}
 	}
 	umount(true)
-	// Loop devices of volumes whose images live in the pool. The plugin
+	// Loop devices of volumes whose images live in a pool. The plugin
 	// attached them inside its container, where the path differs, so they
 	// are matched by the images' device and inode numbers.
 	images := map[[2]uint64]bool{}
-	_ = filepath.WalkDir(pool, func(p string, d os.DirEntry, err error) error {
-		var st syscall.Stat_t
-		if err == nil && d.Type().IsRegular() && syscall.Stat(p, &st) == nil {
-			images[[2]uint64{st.Dev, st.Ino}] = true
-		}
-		return nil
-	})
+	for pool := range pools {
+		_ = filepath.WalkDir(pool, func(p string, d os.DirEntry, err error) error {
+			var st syscall.Stat_t
+			if err == nil && d.Type().IsRegular() && syscall.Stat(p, &st) == nil {
+				images[[2]uint64{st.Dev, st.Ino}] = true
+			}
+			return nil
+		})
+	}
 	loops, _ := device.LoopDevices()
 	for dev, backing := range loops {
 		if d, ino, err := device.LoopInode(dev); err == nil && images[[2]uint64{d, ino}] {
@@ -187,18 +162,4 @@ func (c *Cluster) unmountAll() error {
 		errs = append(errs, fmt.Errorf("%d mounts below %s remain", len(ms), c.Dir))
 	}
 	return errors.Join(errs...)
-}
-
-// removeNetns removes the CNI network namespaces no process uses any more.
-func (c *Cluster) removeNetns() {
-	ents, _ := os.ReadDir("/run/netns")
-	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), "cni-") {
-			continue
-		}
-		if out, _ := exec.Command("ip", "netns", "pids", e.Name()).Output(); strings.TrimSpace(string(out)) != "" {
-			continue
-		}
-		_ = exec.Command("ip", "netns", "del", e.Name()).Run()
-	}
 }

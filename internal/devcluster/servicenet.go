@@ -16,17 +16,17 @@ import (
 // (nothing of the dev cluster listens on a network), so kube-proxy's rule
 // would reach nothing. serviceNet programs the same translation to the
 // loopback listener instead, so that podvol's manifests run unpatched:
-//   - the pods' bridge exists before any pod, with route_localnet on it, so
-//     that a pod's packet DNATed to 127.0.0.1 may be routed there;
-//   - a route to the ClusterIP through the bridge, so that a host-network
-//     pod's packet has a route before the nat OUTPUT chain rewrites it;
-//   - a nat chain of podvol-dev's own, jumped to from PREROUTING (pods) and
-//     OUTPUT (host-network pods), DNATing ClusterIP:443 to the API server.
+//   - the nodes' bridge, with route_localnet on it, so that a packet from a
+//     node or a pod (nodes route everything they do not hold to the host)
+//     DNATed to 127.0.0.1 may be routed there;
+//   - a route to the ClusterIP through the bridge, so that a packet from the
+//     host itself has a route before the nat OUTPUT chain rewrites it;
+//   - a nat chain of podvol-dev's own, jumped to from PREROUTING (nodes and
+//     their pods) and OUTPUT (the host), DNATing ClusterIP:443 to the API
+//     server.
 const (
 	serviceCIDR  = "10.0.0.0/24"
 	apiServiceIP = "10.0.0.1" // the first address of serviceCIDR
-	podCIDR      = "10.88.0.0/24"
-	podGateway   = "10.88.0.1"
 	natChain     = "PODVOL-DEV-SERVICES"
 )
 
@@ -45,15 +45,16 @@ func iptables(args ...string) error {
 }
 
 // serviceNet sets up the bridge and the translation of the kubernetes
-// Service; running it again changes nothing.
+// Service; running it again changes nothing. The bridge is the network the
+// nodes are on (see Node); the host routes between them and to their pods.
 func (c *Cluster) serviceNet() error {
 	if ipCmd("link", "show", bridge) != nil {
 		if err := ipCmd("link", "add", bridge, "type", "bridge"); err != nil {
 			return err
 		}
 	}
-	if out, _ := exec.Command("ip", "-4", "addr", "show", "dev", bridge).Output(); !strings.Contains(string(out), podGateway+"/") {
-		if err := ipCmd("addr", "add", podGateway+"/24", "dev", bridge); err != nil {
+	if out, _ := exec.Command("ip", "-4", "addr", "show", "dev", bridge).Output(); !strings.Contains(string(out), hostGateway+"/") {
+		if err := ipCmd("addr", "add", hostGateway+"/24", "dev", bridge); err != nil {
 			return err
 		}
 	}
@@ -61,9 +62,9 @@ func (c *Cluster) serviceNet() error {
 		return err
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+bridge+"/route_localnet", []byte("1"), 0o644); err != nil {
-		return fmt.Errorf("allow routing to loopback from the pods' bridge: %w", err)
+		return fmt.Errorf("allow routing to loopback from the nodes' bridge: %w", err)
 	}
-	if err := ipCmd("route", "replace", apiServiceIP+"/32", "dev", bridge, "src", podGateway); err != nil {
+	if err := ipCmd("route", "replace", apiServiceIP+"/32", "dev", bridge, "src", hostGateway); err != nil {
 		return err
 	}
 	_ = c.removeServiceRules()
@@ -78,7 +79,7 @@ func (c *Cluster) serviceNet() error {
 			return err
 		}
 	}
-	c.p.note("the kubernetes Service (%s:443) leads to the API server on 127.0.0.1:6443 for pods and host-network pods", apiServiceIP)
+	c.p.note("the kubernetes Service (%s:443) leads to the API server on 127.0.0.1:6443 for the nodes and their pods", apiServiceIP)
 	return nil
 }
 

@@ -10,7 +10,7 @@ import (
 )
 
 // ImportTestImages builds stand-ins for the images Kubernetes' e2e storage
-// suite runs and imports them into the running cluster's containerd under
+// suite runs and imports them into every node's containerd under
 // the references the suite uses (refs: what `e2e.test --list-images` prints).
 // agnhost is the agnhost binary built from the Kubernetes module. busybox,
 // nginx and glibc-dns-testing are the host's busybox with GNU dd (the specs
@@ -52,8 +52,10 @@ func (c *Cluster) ImportTestImages(ctx context.Context, refs []string, agnhost s
 		if err := img.write(archive); err != nil {
 			return built, unknown, fmt.Errorf("image %s: %w", ref, err)
 		}
-		if _, err := c.run(ctx, "ctr", "-a", c.containerdSock(), "-n", "k8s.io", "images", "import", "--no-unpack", archive); err != nil {
-			return built, unknown, fmt.Errorf("import %s: %w", ref, err)
+		for _, n := range c.Nodes {
+			if _, err := c.run(ctx, "ctr", "-a", n.ContainerdSock(), "-n", "k8s.io", "images", "import", "--no-unpack", archive); err != nil {
+				return built, unknown, fmt.Errorf("node %s: import %s: %w", n.Name, ref, err)
+			}
 		}
 		built = append(built, ref)
 	}

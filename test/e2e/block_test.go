@@ -20,8 +20,9 @@ func testRawBlockVolume(t *testing.T) {
 	if got := exec(t, n, "raw", "blockdev --getsize64 /dev/xvda; head -c 12 /dev/xvda"); got != fmt.Sprint(64<<20)+"\npodvol-block" {
 		t.Fatalf("the pod's device: %q, want 64 MiB holding what was written", got)
 	}
+	node := podNode(t, n, "raw")
 	eventually(t, 3*time.Minute, func() string {
-		out, err := cluster.Kubelet(ctx(t), "/stats/summary")
+		out, err := node.Kubelet(ctx(t), "/stats/summary")
 		if err != nil {
 			return err.Error()
 		}
@@ -54,7 +55,7 @@ func testRawBlockVolume(t *testing.T) {
 		}
 		return "pod raw is not in the stats summary yet"
 	})
-	metrics, err := cluster.Kubelet(ctx(t), "/metrics")
+	metrics, err := node.Kubelet(ctx(t), "/metrics")
 	must(t, "kubelet metrics", err)
 	want := fmt.Sprintf(`kubelet_volume_stats_capacity_bytes{namespace=%q,persistentvolumeclaim="raw"} 6.7108864e+07`, n)
 	if !strings.Contains(string(metrics), want+"\n") {

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -17,6 +15,11 @@ const ephemeralVolume = `ephemeral:
       accessModes: [ReadWriteOnce]
       storageClassName: podvol
       resources: {requests: {storage: 128Mi}}`
+
+// ephemeralSized is a generic ephemeral volume of class and size.
+func ephemeralSized(class, size string) string {
+	return strings.NewReplacer("storageClassName: podvol", "storageClassName: "+class, "128Mi", size).Replace(ephemeralVolume)
+}
 
 // testGenericEphemeral: a PVC per pod, owned by it; data written in the pod
 // is gone with it, and so is the volume.
@@ -134,16 +137,30 @@ func testPersistentSnapshotCloneResize(t *testing.T) {
 // with a reason, and runs once room is made.
 func testCapacity(t *testing.T) {
 	n := ns(t)
+	// The pools are 20, 13 and 6 GiB (less the filesystems' own): 14 GiB
+	// fits only the first node.
 	pvc(t, n, "filler", "podvol", "14Gi", "")
 	pod(t, n, "filler", "true", "persistentVolumeClaim: {claimName: filler}")
 	waitPod(t, n, "filler")
-	pvc(t, n, "big", "podvol", "10Gi", "")
-	pod(t, n, "big", "true", "persistentVolumeClaim: {claimName: big}")
+	full := podNode(t, n, "filler")
+	// 10 GiB now fits only the second node: the scheduler reads each node's
+	// CSIStorageCapacity, so the pod lands there, never on a node whose
+	// provisioning or mount would fail.
+	pod(t, n, "next", "true", ephemeralSized("podvol", "10Gi"))
+	waitPod(t, n, "next")
+	if got := podNode(t, n, "next"); got == full {
+		t.Fatalf("pod next landed on %s, whose pool the filler took", got.Name)
+	}
+	// 8 GiB fits no node now: the pod waits, and says why.
+	pod(t, n, "big", "true", ephemeralSized("podvol", "8Gi"))
 	waitPendingFor(t, n, "big", "storage")
 	deletePod(t, n, "filler")
 	_, err := cluster.RunKubectl(ctx(t), "-n", n, "delete", "pvc", "filler", "--wait=true")
 	must(t, "delete filler", err)
 	waitPod(t, n, "big")
+	if got := podNode(t, n, "big"); got != full {
+		t.Fatalf("pod big landed on %s; only %s had room", got.Name, full.Name)
+	}
 }
 
 // testReadWriteOncePod: a second pod cannot use an RWOP volume.
@@ -180,19 +197,27 @@ func testMetricsMatchVolumes(t *testing.T) {
 			return err.Error()
 		}
 		pvs := strings.Fields(out)
-		resp, err := http.Get("http://127.0.0.1:9808/metrics")
-		if err != nil {
-			return err.Error()
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		metric := func(re string) int {
-			m := regexp.MustCompile(re).FindSubmatch(b)
-			if m == nil {
-				return -1
+		// Each node's plugin counts its own volumes, on the node's
+		// loopback.
+		var pages []string
+		for _, node := range cluster.Nodes {
+			page, err := node.Fetch(ctx(t), "http://127.0.0.1:9808/metrics")
+			if err != nil {
+				return fmt.Sprintf("node %s's plugin metrics: %v", node.Name, err)
 			}
-			v, _ := strconv.ParseFloat(string(m[1]), 64)
-			return int(v)
+			pages = append(pages, page)
+		}
+		metric := func(re string) int {
+			sum := 0
+			for _, page := range pages {
+				m := regexp.MustCompile(re).FindStringSubmatch(page)
+				if m == nil {
+					return -1
+				}
+				v, _ := strconv.ParseFloat(m[1], 64)
+				sum += int(v)
+			}
+			return sum
 		}
 		if got := metric(`podvol_volumes\{kind="persistent"\} (\S+)`); got != len(pvs) {
 			return fmt.Sprintf("podvol_volumes{kind=persistent} = %d, podvol PVs: %d (%v)", got, len(pvs), pvs)

@@ -52,8 +52,8 @@ func TestMain(m *testing.M) {
 
 // TestCluster runs the end-to-end tests on the dev cluster, in this order
 // (go test -run 'TestCluster/Inline' runs one). The order is written here,
-// not left to file names: the node replacement must come last, since it
-// replaces the cluster's node.
+// not left to file names: the lost node comes last, since it stops a node
+// for over five minutes.
 func TestCluster(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -71,7 +71,9 @@ func TestCluster(t *testing.T) {
 		{"EphemeralCloneResetsOnDetach", testEphemeralCloneResetsOnDetach},
 		{"AdmissionPolicy", testAdmissionPolicy},
 		{"AdmissionPolicyGaps", testAdmissionPolicyGaps},
-		{"NodeReplaced", testNodeReplaced},
+		{"PerNodeRouting", testPerNodeRouting},
+		{"DrainWithSomewhereToGo", testDrainWithSomewhereToGo},
+		{"NodeLost", testNodeLost},
 	} {
 		t.Run(c.name, c.run)
 	}
@@ -223,13 +225,28 @@ func deletePod(t *testing.T, ns, name string) {
 	must(t, "delete pod "+name, err)
 }
 
-// poolImages counts the volume images in podvol's pool.
+// poolImages counts the volume images in the pools of all nodes.
 func poolImages(t *testing.T) int {
-	ents, err := os.ReadDir(cluster.PoolDir() + "/volumes")
-	if err != nil {
-		t.Fatal(err)
+	count := 0
+	for _, node := range cluster.Nodes {
+		ents, err := os.ReadDir(node.PoolDir() + "/volumes")
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		count += len(ents)
 	}
-	return len(ents)
+	return count
+}
+
+// podNode is the dev cluster node the pod runs on.
+func podNode(t *testing.T, ns, pod string) *devcluster.Node {
+	t.Helper()
+	name := get(t, ns, "pod/"+pod, "{.spec.nodeName}")
+	node := cluster.Node(name)
+	if node == nil {
+		t.Fatalf("pod %s/%s runs on %q, not a node of the dev cluster (%v)", ns, pod, name, cluster.NodeNames())
+	}
+	return node
 }
 
 // checkNoRestarts fails the run if any container of podvol restarted: a
