@@ -3,7 +3,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 GO ?= go
 
-.PHONY: all build test check vet lint fuzz bench bench-microvm clean deps demo up down conformance conformance-slow
+.PHONY: all build test check vet lint fuzz bench bench-microvm bench-startup clean deps demo up down conformance conformance-slow
 
 all: build
 
@@ -96,6 +96,19 @@ bench:
 # usable).
 bench-microvm:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./bench/microvm/
+
+# Pod start-up on the dev cluster: emptyDir vs a podvol CSI inline volume vs a
+# generic ephemeral volume (ext4, xfs) vs a pre-bound PVC, one pod at a time
+# and N at once, phase by phase from the API's watches, with the plugin's own
+# CSI call durations (bench/startup/README.md, rewritten with the figures
+# measured, startup.png and CSV files). Needs root; brings the dev cluster up
+# if it is not running (and leaves it up); holds its lock (see conformance).
+# About 30 minutes with the defaults, most of it one pod at a time (~6 s a
+# pod with its teardown): STARTUP_FLAGS='-pods 40 -pods-one 40 -burst 20
+# -rounds 2' (go run ./bench/startup -h).
+STARTUP_FLAGS ?=
+bench-startup:
+	flock -o $(CONFORMANCE_LOCK) $(GO) run ./bench/startup $(STARTUP_FLAGS)
 
 # Kubernetes' external-storage e2e suite (v1.37.2, built unchanged from Go
 # modules by tools/e2e/build.sh) against podvol on the dev cluster, for each

@@ -2,21 +2,15 @@ package microvmbench
 
 import (
 	"fmt"
-	"image"
 	"image/color"
-	"image/draw"
-	"image/png"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
 
-	"golang.org/x/image/font"
-	"golang.org/x/image/font/basicfont"
-	"golang.org/x/image/math/fixed"
+	"github.com/podvol/podvol/bench/internal/plot"
 )
 
 func (r *report) write(dir string) error {
@@ -55,7 +49,7 @@ func (r *report) markdown() string {
 	}
 	p("## Measured here (%s)", time.Now().Format("2006-01-02"))
 	p("")
-	p("Machine: %s, %d CPUs, host kernel %s, %s, accelerator **%s**, guest kernel %s.", cpuModel(), runtime.NumCPU(), uname(), qemuVersion(), strings.ToUpper(r.Accel), r.GuestKernel)
+	p("Machine: %s, %d CPUs, host kernel %s, %s, accelerator **%s**, guest kernel %s.", plot.CPUModel(), plot.NumCPU(), plot.Uname(), qemuVersion(), strings.ToUpper(r.Accel), r.GuestKernel)
 	p("")
 	p("| boot (%d runs, %s) | median | min | max |", boots, strings.ToUpper(r.Accel))
 	p("|---|---|---|---|")
@@ -77,7 +71,7 @@ func (r *report) markdown() string {
 	p("## How to read it")
 	p("")
 	p("- The last column is direct throughput over virtio-fs throughput for the same job: above 1 the direct-assigned")
-	p("  disk did more I/O in the same time. Each job ran once, with the host's load average at %s (1, 5, 15 min) when", loadavg())
+	p("  disk did more I/O in the same time. Each job ran once, with the host's load average at %s (1, 5, 15 min) when", plot.LoadAvg())
 	p("  the report was written: on a shared machine two runs can differ by 2× on the 4k jobs, so read the ratios as rough.")
 	p("- virtio-fs goes guest FUSE → vhost-user queue → virtiofsd → the host's ext4 on the loop device; direct goes guest")
 	p("  ext4 → virtio-blk → QEMU (`cache=none`) → the loop device. `--direct=1` bypasses the guest's page cache on both")
@@ -99,31 +93,7 @@ func ratio(d, f result) float64 {
 	return d.BWBytes / f.BWBytes
 }
 
-func loadavg() string {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], ", ")
-}
-
 func ms(d time.Duration) string { return d.Round(10 * time.Millisecond).String() }
-
-func cpuModel() string {
-	b, _ := os.ReadFile("/proc/cpuinfo")
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return runtime.GOARCH
-}
-
-func uname() string {
-	out, _ := exec.Command("uname", "-r").Output()
-	return strings.TrimSpace(string(out))
-}
 
 func qemuVersion() string {
 	out, _ := exec.Command("qemu-system-x86_64", "--version").Output()
@@ -135,19 +105,10 @@ func qemuVersion() string {
 // the two, its value above it, and the ratio below the pair.
 func (r *report) plot(path string) error {
 	const W, H, top, base, left = 900, 440, 70, 360, 40
-	img := image.NewRGBA(image.Rect(0, 0, W, H))
-	draw.Draw(img, img.Bounds(), image.NewUniform(color.White), image.Point{}, draw.Src)
-	ink := color.RGBA{0x20, 0x20, 0x20, 0xff}
-	colors := []color.RGBA{{0x2f, 0x6f, 0xb3, 0xff}, {0xe0, 0x8a, 0x2c, 0xff}}
-	face := basicfont.Face7x13
-	text := func(x, y int, s string, c color.Color) {
-		d := &font.Drawer{Dst: img, Src: image.NewUniform(c), Face: face, Dot: fixed.P(x, y)}
-		d.DrawString(s)
-	}
-	centered := func(cx, y int, s string, c color.Color) { text(cx-len(s)*7/2, y, s, c) }
-	rect := func(x0, y0, x1, y1 int, c color.Color) {
-		draw.Draw(img, image.Rect(x0, y0, x1, y1), image.NewUniform(c), image.Point{}, draw.Src)
-	}
+	cv := plot.NewCanvas(W, H)
+	ink := plot.Ink
+	colors := []color.RGBA{plot.Blue, plot.Orange}
+	text, centered, rect := cv.Text, cv.Centered, cv.Rect
 	title := "fio in the guest: direct-assigned podvol volume (virtio-blk) vs the same filesystem over virtio-fs"
 	centered(W/2, 20, title, ink)
 	sub := fmt.Sprintf("accelerator %s%s; bars scaled per job to the faster path", strings.ToUpper(r.Accel),
@@ -181,13 +142,5 @@ func (r *report) plot(path string) error {
 		rect(x, H-22, x+14, H-8, colors[k])
 		text(x+20, H-10, name, ink)
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := png.Encode(f, img); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return cv.WritePNG(path)
 }
