@@ -28,12 +28,18 @@ var hostPaths = []string{
 
 func (c *Cluster) recordHostPaths() error {
 	f := c.path("host-paths.json")
-	if fileExists(f) {
-		return nil
-	}
 	existed := map[string]bool{}
+	if b, err := os.ReadFile(f); err == nil {
+		if err := json.Unmarshal(b, &existed); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+	}
+	// A path added to the list since the record was written is recorded
+	// now, before anything of this cluster makes it.
 	for _, p := range hostPaths {
-		existed[p] = fileExists(p)
+		if _, ok := existed[p]; !ok {
+			existed[p] = fileExists(p)
+		}
 	}
 	b, _ := json.Marshal(existed)
 	return os.WriteFile(f, b, 0o600)
@@ -79,7 +85,8 @@ func (c *Cluster) Down(ctx context.Context) error {
 	if b, err := os.ReadFile(c.path("host-paths.json")); err == nil {
 		_ = json.Unmarshal(b, &existed)
 		for _, p := range hostPaths {
-			if !existed[p] && fileExists(p) {
+			// A path the record does not name may have been there before.
+			if was, ok := existed[p]; ok && !was && fileExists(p) {
 				if err := os.RemoveAll(p); err != nil {
 					errs = append(errs, err)
 				} else {

@@ -67,6 +67,21 @@ func (n *Node) Lose(ctx context.Context) error {
 // Restart brings a stopped node back under its name, as a machine that
 // reboots: containerd, then the kubelet, which registers the Node again.
 func (n *Node) Restart(ctx context.Context) error {
+	// A kubelet that registered while its deleted Node waits on a
+	// finalizer (node-loss holds it for the grace period) would find its
+	// Node gone afterwards and not register again.
+	if err := waitFor("the deleted Node "+n.Name+" gone before its kubelet starts again", 10*time.Minute, func() error {
+		out, err := n.c.kubectl(ctx, "get", "node", n.Name, "--ignore-not-found", "-o", "jsonpath={.metadata.deletionTimestamp}")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(out) != "" {
+			return errNotYet
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	if err := n.startContainerd(ctx); err != nil {
 		return err
 	}

@@ -51,15 +51,28 @@ func (n *Node) IP() string { return fmt.Sprintf("%s.%d", nodeSubnet, 10+n.Index)
 func (n *Node) PoolDir() string { return n.dir("pool") }
 
 func (n *Node) podCIDR() string { return fmt.Sprintf("10.88.%d.0/24", n.Index) }
+
+// dir is below the node's directory. Index 0 is the one node of the
+// single-node layout of earlier podvol-dev versions, whose files are at the
+// top of the cluster's directory: Down removes such a cluster too.
 func (n *Node) dir(p ...string) string {
+	if n.Index == 0 {
+		return n.c.path(p...)
+	}
 	return n.c.path(append([]string{"nodes", strconv.Itoa(n.Index)}, p...)...)
 }
-func (n *Node) proc(name string) string { return fmt.Sprintf("node%d-%s", n.Index, name) }
-func (n *Node) netNS() string           { return n.c.path("ns", strconv.Itoa(n.Index)+".net") }
-func (n *Node) mntNS() string           { return n.c.path("ns", strconv.Itoa(n.Index)+".mnt") }
-func (n *Node) utsNS() string           { return n.c.path("ns", strconv.Itoa(n.Index)+".uts") }
-func (n *Node) veth() string            { return "pvn" + strconv.Itoa(n.Index) }
-func (n *Node) cgroupRoot() string      { return "/podvol-dev-" + strconv.Itoa(n.Index) }
+
+func (n *Node) proc(name string) string {
+	if n.Index == 0 {
+		return name
+	}
+	return fmt.Sprintf("node%d-%s", n.Index, name)
+}
+func (n *Node) netNS() string      { return n.c.path("ns", strconv.Itoa(n.Index)+".net") }
+func (n *Node) mntNS() string      { return n.c.path("ns", strconv.Itoa(n.Index)+".mnt") }
+func (n *Node) utsNS() string      { return n.c.path("ns", strconv.Itoa(n.Index)+".uts") }
+func (n *Node) veth() string       { return "pvn" + strconv.Itoa(n.Index) }
+func (n *Node) cgroupRoot() string { return "/podvol-dev-" + strconv.Itoa(n.Index) }
 
 // ContainerdSock is the node's containerd socket.
 func (n *Node) ContainerdSock() string { return n.dir("run", "containerd.sock") }
@@ -82,6 +95,18 @@ var nodeBinds = []struct{ host, sub string }{
 // plans count new ones: node 1's pool is poolSize, each next one smaller,
 // so that capacity decides placement.
 func (c *Cluster) loadNodes(count int, poolSize int64) {
+	if fileExists(c.path("pool.img")) {
+		c.Nodes = append(c.Nodes, &Node{Index: 0, Name: "(single-node layout)", c: c})
+		return
+	}
+	// The count planned first stands: a node whose making was cut short
+	// is made on the next Up.
+	if b, err := os.ReadFile(c.path("nodes", "count")); err == nil {
+		if planned, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && planned > 0 {
+			count = planned
+		}
+	}
+	have := map[int]bool{}
 	ents, _ := os.ReadDir(c.path("nodes"))
 	for _, e := range ents {
 		i, err := strconv.Atoi(e.Name())
@@ -94,19 +119,21 @@ func (c *Cluster) loadNodes(count int, poolSize int64) {
 			continue
 		}
 		n.Name = strings.TrimSpace(string(b))
-		if st, err := os.Stat(n.dir("pool.img")); err == nil {
-			n.PoolSize = st.Size()
+		st, err := os.Stat(n.dir("pool.img"))
+		if err != nil {
+			continue
 		}
+		n.PoolSize = st.Size()
+		have[i] = true
 		c.Nodes = append(c.Nodes, n)
 	}
-	sort.Slice(c.Nodes, func(i, j int) bool { return c.Nodes[i].Index < c.Nodes[j].Index })
-	if len(c.Nodes) > 0 {
-		return
-	}
 	for i := 1; i <= count; i++ {
-		size := poolSize * int64(count+1-i) / int64(count) >> 30 << 30
-		c.Nodes = append(c.Nodes, &Node{Index: i, Name: fmt.Sprintf("node-%d", i), PoolSize: max(size, 2<<30), c: c})
+		if !have[i] {
+			size := poolSize * int64(count+1-i) / int64(count) >> 30 << 30
+			c.Nodes = append(c.Nodes, &Node{Index: i, Name: fmt.Sprintf("node-%d", i), PoolSize: max(size, 2<<30), c: c})
+		}
 	}
+	sort.Slice(c.Nodes, func(i, j int) bool { return c.Nodes[i].Index < c.Nodes[j].Index })
 }
 
 // Node returns the node of that name, or nil.
@@ -130,18 +157,27 @@ func (c *Cluster) NodeNames() []string {
 
 // prepare makes the node's directory and pool (on the host).
 func (n *Node) prepare(ctx context.Context) error {
+	if n.Index == 0 {
+		return fmt.Errorf("%s holds a dev cluster of the single-node layout of an earlier podvol-dev: remove it with `make down` first", n.c.Dir)
+	}
 	if err := os.MkdirAll(n.dir("run"), 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(n.dir("name"), []byte(n.Name), 0o644); err != nil {
-		return err
+	if !fileExists(n.c.path("nodes", "count")) {
+		if err := os.WriteFile(n.c.path("nodes", "count"), []byte(strconv.Itoa(len(n.c.Nodes))), 0o644); err != nil {
+			return err
+		}
 	}
 	for _, b := range nodeBinds {
 		if err := os.MkdirAll(n.dir(b.sub), 0o755); err != nil {
 			return err
 		}
 	}
-	return n.preparePool(ctx)
+	if err := n.preparePool(ctx); err != nil {
+		return err
+	}
+	// Last: a node with a name has a pool (loadNodes).
+	return os.WriteFile(n.dir("name"), []byte(n.Name), 0o644)
 }
 
 // preparePool makes the node's pool an XFS filesystem (reflink: snapshots
@@ -152,18 +188,25 @@ func (n *Node) preparePool(ctx context.Context) error {
 		return nil
 	}
 	img := n.dir("pool.img")
-	fresh := false
-	if _, err := os.Stat(img); err != nil {
-		f, err := os.Create(img)
+	if !fileExists(img) {
+		// Made under another name and renamed once formatted: an image
+		// by this name always holds a filesystem.
+		tmp := img + ".new"
+		f, err := os.Create(tmp)
 		if err != nil {
 			return err
 		}
-		if err := f.Truncate(n.PoolSize); err != nil {
-			f.Close()
+		err = f.Truncate(n.PoolSize)
+		f.Close()
+		if err != nil {
 			return err
 		}
-		f.Close()
-		fresh = true
+		if _, err := n.c.run(ctx, "mkfs.xfs", "-q", "-f", "-m", "reflink=1", tmp); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, img); err != nil {
+			return err
+		}
 	}
 	devs, err := device.LoopsFor(img)
 	if err != nil {
@@ -174,11 +217,6 @@ func (n *Node) preparePool(ctx context.Context) error {
 		dev = devs[0]
 	} else if dev, err = device.AttachLoop(img); err != nil {
 		return fmt.Errorf("node %s: attach the pool image: %w", n.Name, err)
-	}
-	if fresh {
-		if _, err := n.c.run(ctx, "mkfs.xfs", "-q", "-f", "-m", "reflink=1", dev); err != nil {
-			return err
-		}
 	}
 	if err := device.Mount(ctx, dev, mnt, "xfs", nil); err != nil {
 		return fmt.Errorf("node %s: mount the pool: %w", n.Name, err)
@@ -207,8 +245,24 @@ func (c *Cluster) privateNSDir(ctx context.Context) error {
 // namespaces makes the node's network and mount namespaces, once.
 func (n *Node) namespaces(ctx context.Context) error {
 	c := n.c
-	if m, _ := device.MountedAt(n.mntNS()); m != nil {
+	ready := n.dir("namespaces-ready")
+	if fileExists(ready) {
 		return nil
+	}
+	if _, ok := c.running(n.proc("containerd")); ok {
+		// Made by a podvol-dev that wrote no mark, and in use.
+		return os.WriteFile(ready, nil, 0o644)
+	}
+	// Whatever a cut-short attempt made goes first.
+	for _, f := range []string{n.netNS(), n.mntNS(), n.utsNS()} {
+		if m, _ := device.MountedAt(f); m != nil {
+			if err := syscall.Unmount(f, syscall.MNT_DETACH); err != nil {
+				return fmt.Errorf("node %s: remove the namespace of an earlier attempt %s: %w", n.Name, f, err)
+			}
+		}
+	}
+	if err := n.removeNetwork(); err != nil {
+		return err
 	}
 	for _, f := range []string{n.netNS(), n.mntNS(), n.utsNS()} {
 		if err := os.WriteFile(f, nil, 0o600); err != nil {
@@ -248,6 +302,12 @@ func (n *Node) namespaces(ctx context.Context) error {
 	steps = append(steps, []string{"mount", "--make-rshared", "/var/lib/kubelet"},
 		// The copies of other nodes' namespace files would keep those alive.
 		[]string{"umount", "-l", c.path("ns")})
+	// Nor does a node see the other nodes' pools.
+	for _, o := range c.Nodes {
+		if o != n {
+			steps = append(steps, []string{"sh", "-c", `if mountpoint -q "$0"; then umount -l "$0"; fi`, o.PoolDir()})
+		}
+	}
 	for _, s := range steps {
 		if err := in(s...); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
@@ -259,7 +319,10 @@ func (n *Node) namespaces(ctx context.Context) error {
 	if err := ipCmd("route", "replace", n.podCIDR(), "via", n.IP()); err != nil {
 		return err
 	}
-	return n.cgroups()
+	if err := n.cgroups(); err != nil {
+		return err
+	}
+	return os.WriteFile(ready, nil, 0o644)
 }
 
 // cgroupDirs are the node's cgroup directories, one per cgroup v1
@@ -303,8 +366,10 @@ func (n *Node) cgroups() error {
 	return nil
 }
 
-// removeCgroups removes the node's cgroup subtree, deepest first, once no
-// process is left in it.
+// removeCgroups removes the node's cgroup subtree, deepest first. A
+// process still in it (a container whose containerd was gone, so that
+// nothing stopped it) is killed by its PID first: it would hold the node's
+// namespaces and cgroups.
 func (n *Node) removeCgroups() error {
 	var errs []error
 	for _, root := range n.cgroupDirs() {
@@ -315,6 +380,15 @@ func (n *Node) removeCgroups() error {
 			}
 			return nil
 		})
+		for _, d := range dirs {
+			b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+					n.c.p.note("node %s: killing pid %d, left in cgroup %s", n.Name, pid, d)
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
 		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
 		for _, d := range dirs {
 			var err error

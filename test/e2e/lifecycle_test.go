@@ -3,10 +3,13 @@ package e2e
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/podvol/podvol/internal/devcluster"
 )
 
 const ephemeralVolume = `ephemeral:
@@ -136,30 +139,50 @@ func testPersistentSnapshotCloneResize(t *testing.T) {
 // testCapacity: a pod asking for more than the pool has left stays Pending
 // with a reason, and runs once room is made.
 func testCapacity(t *testing.T) {
+	// Sizes in GiB from the nodes' pools, largest a, then b, then the
+	// largest of the others c: a filler that fits only a; then a pod that
+	// fits only b; then one that fits nowhere until the filler goes. Each
+	// size keeps 1 GiB from the edge: a pool's filesystem takes some.
+	nodes := slices.Clone(cluster.Nodes)
+	slices.SortFunc(nodes, func(x, y *devcluster.Node) int { return int(y.PoolSize>>30 - x.PoolSize>>30) })
+	if len(nodes) < 2 {
+		t.Fatalf("this test needs two nodes or more; the dev cluster has %v", cluster.NodeNames())
+	}
+	a, b, c := nodes[0].PoolSize>>30, nodes[1].PoolSize>>30, int64(0)
+	if len(nodes) > 2 {
+		c = nodes[2].PoolSize >> 30
+	}
+	filler := (a + b + 1) / 2
+	next := max(a-filler, c) + 1
+	big := max(a-filler, b-next, c) + 1
+	if filler <= b || filler >= a-1 || next >= b || big >= a-1 {
+		t.Fatalf("the nodes' pools (%v) are too close in size for this test (podvol-dev sizes them apart by default)", []int64{a, b, c})
+	}
+	gi := func(v int64) string { return strconv.FormatInt(v, 10) + "Gi" }
 	n := ns(t)
-	// The pools are 20, 13 and 6 GiB (less the filesystems' own): 14 GiB
-	// fits only the first node.
-	pvc(t, n, "filler", "podvol", "14Gi", "")
+	pvc(t, n, "filler", "podvol", gi(filler), "")
 	pod(t, n, "filler", "true", "persistentVolumeClaim: {claimName: filler}")
 	waitPod(t, n, "filler")
-	full := podNode(t, n, "filler")
-	// 10 GiB now fits only the second node: the scheduler reads each node's
-	// CSIStorageCapacity, so the pod lands there, never on a node whose
-	// provisioning or mount would fail.
-	pod(t, n, "next", "true", ephemeralSized("podvol", "10Gi"))
-	waitPod(t, n, "next")
-	if got := podNode(t, n, "next"); got == full {
-		t.Fatalf("pod next landed on %s, whose pool the filler took", got.Name)
+	if got := podNode(t, n, "filler"); got != nodes[0] {
+		t.Fatalf("the filler (%s) runs on %s; only %s has room for it", gi(filler), got.Name, nodes[0].Name)
 	}
-	// 8 GiB fits no node now: the pod waits, and says why.
-	pod(t, n, "big", "true", ephemeralSized("podvol", "8Gi"))
+	// The scheduler reads each node's CSIStorageCapacity, so the pod lands
+	// on the one node with room, never on a node whose provisioning or
+	// mount would fail.
+	pod(t, n, "next", "true", ephemeralSized("podvol", gi(next)))
+	waitPod(t, n, "next")
+	if got := podNode(t, n, "next"); got != nodes[1] {
+		t.Fatalf("pod next (%s) landed on %s; only %s had room", gi(next), got.Name, nodes[1].Name)
+	}
+	// Now no node has room: the pod waits, and says why.
+	pod(t, n, "big", "true", ephemeralSized("podvol", gi(big)))
 	waitPendingFor(t, n, "big", "storage")
 	deletePod(t, n, "filler")
 	_, err := cluster.RunKubectl(ctx(t), "-n", n, "delete", "pvc", "filler", "--wait=true")
 	must(t, "delete filler", err)
 	waitPod(t, n, "big")
-	if got := podNode(t, n, "big"); got != full {
-		t.Fatalf("pod big landed on %s; only %s had room", got.Name, full.Name)
+	if got := podNode(t, n, "big"); got != nodes[0] {
+		t.Fatalf("pod big (%s) landed on %s; only %s had room", gi(big), got.Name, nodes[0].Name)
 	}
 }
 
