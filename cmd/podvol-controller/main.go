@@ -104,6 +104,10 @@ func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers,
 		LeaderElection:          leaderElect,
 		LeaderElectionID:        "podvol-controller",
 		LeaderElectionNamespace: leaseNS,
+		// Reads of unstructured objects (the snapshot kinds, read by
+		// snapshot-import and source-placement) come from the cache too,
+		// not the API server: a tenant's claims cannot multiply them.
+		Client: client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 	})
 	if err != nil {
 		return err

@@ -5,22 +5,28 @@ package controller
 
 import (
 	"context"
+	"net/http"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -38,26 +44,48 @@ type env struct {
 	t   *testing.T
 	c   client.WithWatch
 	rec events.EventRecorder
+	// liveGets counts the manager's GETs of one object from the API
+	// server, by resource.
+	liveGets *requests
+	// snapshotReads counts source-placement's reads of VolumeSnapshots.
+	snapshotReads *atomic.Int64
 }
 
 // start runs podvol-controller's reconcilers in a manager on the package's
 // API server: all of them, or only those named.
-func start(t *testing.T, only ...string) *env {
+func start(t *testing.T, only ...string) *env { return startWith(t, nil, only...) }
+
+// startWith is start with the manager's RESTMapper wrapped by mapper, if not
+// nil.
+func startWith(t *testing.T, mapper func(meta.RESTMapper) meta.RESTMapper, only ...string) *env {
 	shared(t)
+	gets := &requests{n: map[string]int{}}
+	cfg := rest.CopyConfig(api.Config)
+	cfg.WrapTransport = gets.wrap
+	opts := manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		// As cmd/podvol-controller.
+		Client: client.Options{Cache: &client.CacheOptions{Unstructured: true}}}
+	if mapper != nil {
+		opts.MapperProvider = func(c *rest.Config, hc *http.Client) (meta.RESTMapper, error) {
+			m, err := apiutil.NewDynamicRESTMapper(c, hc)
+			return mapper(m), err
+		}
+	}
 	// Each test starts its own manager in this one process.
-	mgr, err := ctrl.NewManager(api.Config, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := mgr.GetEventRecorder("podvol-controller")
+	reads := &atomic.Int64{}
 	for name, r := range map[string]interface{ SetupWithManager(ctrl.Manager) error }{
 		"ephemeral-volume": &ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec},
 		"clone-lifecycle":  &clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec},
 		"node-loss":        &nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
 		"snapshot-import":  &snapshotimport.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
-		"source-placement": &sourceplacement.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io",
-			Backoff: placementBackoff, Wait: 500 * time.Millisecond},
+		"source-placement": &sourceplacement.Reconciler{Client: countSnapshotReads{mgr.GetClient(), reads}, Recorder: rec, Driver: "podvol.io",
+			Backoff: placementBackoff, Wait: placementWait},
 	} {
 		if len(only) > 0 && !slices.Contains(only, name) {
 			continue
@@ -79,7 +107,62 @@ func start(t *testing.T, only ...string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, c: c, rec: rec}
+	return &env{t: t, c: c, rec: rec, liveGets: gets, snapshotReads: reads}
+}
+
+// requests counts GETs of one object (not lists, not watches) by resource.
+type requests struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (q *requests) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		if req.Method == http.MethodGet && req.URL.Query().Get("watch") == "" {
+			// /api/v1/... or /apis/<group>/<version>/..., then
+			// [namespaces/<ns>/]<resource>[/<name>[/<subresource>]]
+			parts := strings.Split(strings.Trim(req.URL.Path, "/"), "/")
+			rest := parts
+			switch {
+			case len(parts) >= 2 && parts[0] == "api":
+				rest = parts[2:]
+			case len(parts) >= 3 && parts[0] == "apis":
+				rest = parts[3:]
+			}
+			if len(rest) >= 2 && rest[0] == "namespaces" && len(rest) > 2 {
+				rest = rest[2:]
+			}
+			if len(rest) == 2 {
+				q.mu.Lock()
+				q.n[rest[0]]++
+				q.mu.Unlock()
+			}
+		}
+		return rt.RoundTrip(req)
+	})
+}
+
+func (q *requests) count(resource string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n[resource]
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// countSnapshotReads counts the reads of VolumeSnapshots through a client.
+type countSnapshotReads struct {
+	client.Client
+	n *atomic.Int64
+}
+
+func (c countSnapshotReads) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if u, ok := obj.(*unstructured.Unstructured); ok && u.GroupVersionKind() == sourceplacement.SnapshotGVK {
+		c.n.Add(1)
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
 }
 
 var bg = context.Background()
@@ -104,7 +187,13 @@ func (e *env) eventually(what string, check func() bool) {
 // never checks for a while that something does not happen.
 func (e *env) never(what string, check func() bool) {
 	e.t.Helper()
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	e.neverFor(3*time.Second, what, check)
+}
+
+// neverFor checks for d that something does not happen.
+func (e *env) neverFor(d time.Duration, what string, check func() bool) {
+	e.t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if check() {
 			e.t.Fatalf("%s happened", what)
 		}

@@ -7,9 +7,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,6 +22,9 @@ import (
 // placementBackoff is source-placement's Backoff in these tests: long
 // enough to see that nothing happens before it ends.
 const placementBackoff = 5 * time.Second
+
+// placementWait is source-placement's Wait in these tests.
+const placementWait = 500 * time.Millisecond
 
 // placementClasses creates podvol's WaitForFirstConsumer class "podvol", an
 // Immediate podvol class and another driver's WaitForFirstConsumer class.
@@ -80,6 +85,15 @@ func (e *env) restore(ns, name, class string, src *corev1.TypedObjectReference, 
 	s.StorageClassName = ptr.To(class)
 	s.DataSourceRef = src
 	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: ann, OwnerReferences: owners}, Spec: *s}))
+}
+
+// use creates a pod, use-<claim>, that uses the claim: source-placement
+// places only claims that a pod uses.
+func (e *env) use(ns string, claims ...string) {
+	e.t.Helper()
+	for _, c := range claims {
+		e.must(e.c.Create(bg, podWith(ns, "use-"+c, claimVol(c))))
+	}
 }
 
 func (e *env) ann(ns, name, key string) string {
@@ -153,18 +167,20 @@ func TestSourcePlacementClone(t *testing.T) {
 	e.sourceOn(ns, "golden", "podvol.io", "node-a")
 
 	e.restore(ns, "copy", "podvol", fromClaim("golden"), nil)
+	e.use(ns, "copy")
 	e.eventually("the clone placed on node-a", func() bool { return e.placedOn(ns, "copy", "node-a") })
 	e.eventually("the PlacedWithSource event", func() bool {
 		return strings.Contains(e.events(ns, "copy"), sourceplacement.ReasonPlaced+": provisioned on node node-a, which holds its data source PersistentVolumeClaim/golden")
 	})
 
-	// The scheduler got there first.
+	// The scheduler got there first (its selected node says that a pod
+	// uses the claim: no pod is needed here).
 	e.restore(ns, "late", "podvol", fromClaim("golden"), map[string]string{sourceplacement.SelectedNode: "node-c"})
 	e.eventually("the scheduler's node-c replaced by node-a", func() bool { return e.placedOn(ns, "late", "node-a") })
 	e.eventually("an event naming the node replaced", func() bool { return strings.Contains(e.events(ns, "late"), "node-a (instead of node node-c)") })
 
 	// A generic ephemeral volume: the pod gets the events too.
-	pod := podWith(ns, "web")
+	pod := podWith(ns, "web", ephemeralVol("scratch"))
 	e.must(e.c.Create(bg, pod))
 	e.restore(ns, "web-scratch", "podvol", fromClaim("golden"), nil, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "web", UID: pod.UID,
 		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)})
@@ -177,6 +193,7 @@ func TestSourcePlacementClone(t *testing.T) {
 	pending := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pending"}, Spec: spec}
 	e.must(e.c.Create(bg, pending))
 	e.restore(ns, "early", "podvol", fromClaim("pending"), nil)
+	e.use(ns, "early")
 	e.never("a clone of an unbound claim placed", func() bool { return !e.untouched(ns, "early") })
 	e.pvFor(pending, "podvol.io", "node-b")
 	e.must(e.c.Get(bg, client.ObjectKeyFromObject(pending), pending))
@@ -197,6 +214,7 @@ func TestSourcePlacementRestore(t *testing.T) {
 
 	e.snapshot(ns, "nightly", "snapcontent-nightly", "podvol.io", "snap-0123456789abcdef01234567@node-b", false)
 	e.restore(ns, "restored", "podvol", fromSnapshot("nightly"), nil)
+	e.use(ns, "restored")
 	e.eventually("the restore placed on node-b", func() bool { return e.placedOn(ns, "restored", "node-b") })
 	e.eventually("the PlacedWithSource event", func() bool {
 		return strings.Contains(e.events(ns, "restored"), sourceplacement.ReasonPlaced+": provisioned on node node-b, which holds its data source VolumeSnapshot/nightly")
@@ -204,11 +222,13 @@ func TestSourcePlacementRestore(t *testing.T) {
 
 	e.snapshot(ns, "imported", "snapcontent-imported", "podvol.io", "snap-0123456789abcdef01234568@node-a", true)
 	e.restore(ns, "from-import", "podvol", fromSnapshot("imported"), nil)
+	e.use(ns, "from-import")
 	e.eventually("the restore of an imported snapshot placed on node-a", func() bool { return e.placedOn(ns, "from-import", "node-a") })
 
 	// Not bound yet.
 	e.snapshot(ns, "cutting", "", "", "", false)
 	e.restore(ns, "soon", "podvol", fromSnapshot("cutting"), nil)
+	e.use(ns, "soon")
 	e.never("a restore of an unbound snapshot placed", func() bool { return !e.untouched(ns, "soon") })
 	if ev := e.events(ns, "soon"); ev != "" {
 		t.Fatalf("events while the snapshot is not bound: %s", ev)
@@ -227,6 +247,7 @@ func TestSourcePlacementNodeUnknown(t *testing.T) {
 	e.restore(ns, "copy", "podvol", fromClaim("golden"), nil)
 	e.snapshot(ns, "old", "snapcontent-old", "podvol.io", "snap-0123456789abcdef01234567", false)
 	e.restore(ns, "restored", "podvol", fromSnapshot("old"), nil)
+	e.use(ns, "copy", "restored")
 
 	e.eventually("a SourceNodeMissing warning", func() bool {
 		return strings.Contains(e.events(ns, "copy"), sourceplacement.ReasonNodeMissing+": its data source PersistentVolumeClaim/golden is on node node-z, which is not in the cluster")
@@ -265,6 +286,7 @@ func TestSourcePlacementLeavesOthersAlone(t *testing.T) {
 	e.restore(ns, "of-foreign-snap", "podvol", fromSnapshot("foreign-snap"), nil)
 	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "empty"}, Spec: spec}))
 	e.restore(ns, "control", "podvol", fromClaim("golden"), nil)
+	e.use(ns, "across", "other-class", "immediate", "of-foreign", "of-foreign-snap", "empty", "control")
 
 	e.eventually("the control clone placed", func() bool { return e.placedOn(ns, "control", "node-a") })
 	e.eventually("a SourceInOtherNamespace warning", func() bool {
@@ -286,10 +308,20 @@ func TestSourcePlacementLeavesOthersAlone(t *testing.T) {
 	}
 }
 
+// giveBack removes the claim's selected node, as external-provisioner's
+// rescheduleProvisioning does when the node has no room.
+func (e *env) giveBack(ns, name string) time.Time {
+	e.t.Helper()
+	p := e.pvc(ns, name)
+	delete(p.Annotations, sourceplacement.SelectedNode)
+	e.must(e.c.Update(bg, p))
+	return time.Now()
+}
+
 // The source's node has no room: its csi-provisioner removes the selected
 // node to ask for another, and the scheduler may pick one. The controller
 // says so and places the claim on the source's node again, but only after
-// its backoff.
+// its backoff, which doubles with each give-back.
 func TestSourcePlacementBackoff(t *testing.T) {
 	e := start(t, "source-placement")
 	ns := e.ns("placement-full")
@@ -298,28 +330,169 @@ func TestSourcePlacementBackoff(t *testing.T) {
 	e.node("node-c")
 	e.sourceOn(ns, "golden", "podvol.io", "node-a")
 	e.restore(ns, "copy", "podvol", fromClaim("golden"), nil)
+	e.use(ns, "copy")
 	e.eventually("the clone placed on node-a", func() bool { return e.placedOn(ns, "copy", "node-a") })
 
 	for round, rescheduled := range []bool{false, true} {
-		// As external-provisioner's rescheduleProvisioning does.
-		p := e.pvc(ns, "copy")
-		delete(p.Annotations, sourceplacement.SelectedNode)
-		e.must(e.c.Update(bg, p))
-		removed := time.Now()
+		removed := e.giveBack(ns, "copy")
 		if rescheduled {
 			// The scheduler picks another node meanwhile.
 			time.Sleep(500 * time.Millisecond)
-			p = e.pvc(ns, "copy")
+			p := e.pvc(ns, "copy")
 			p.Annotations[sourceplacement.SelectedNode] = "node-c"
 			e.must(e.c.Update(bg, p))
 		}
+		backoff := placementBackoff << round
 		e.never("the claim placed again before the backoff", func() bool { return e.ann(ns, "copy", sourceplacement.SelectedNode) == "node-a" })
 		e.eventually("the claim placed on node-a again", func() bool { return e.placedOn(ns, "copy", "node-a") })
-		if d := time.Since(removed); d < placementBackoff {
-			t.Fatalf("round %d: placed again after %s, before the backoff (%s)", round, d, placementBackoff)
+		if d := time.Since(removed); d < backoff {
+			t.Fatalf("round %d: placed again after %s, before the backoff (%s)", round, d, backoff)
+		}
+		e.eventually("the SourceNodeFull warning", func() bool {
+			return strings.Contains(e.events(ns, "copy"), sourceplacement.ReasonNoRoom+": node node-a, which holds its data source PersistentVolumeClaim/golden, has no room for this claim (see ProvisioningFailed events); podvol retries on node-a in "+backoff.String())
+		})
+	}
+}
+
+// A claim that no pod uses is not placed (WaitForFirstConsumer provisions
+// nothing for it, nor may podvol): not while the only pods that name it
+// are finished or being deleted, nor for a pod whose generic ephemeral
+// volume has its name but that does not own it; once a pod uses it, it is.
+func TestSourcePlacementNeedsConsumer(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-consumer")
+	e.placementClasses()
+	e.node("node-a")
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+	e.restore(ns, "app-data", "podvol", fromClaim("golden"), nil)
+	e.snapshot(ns, "nightly", "snapcontent-nightly", "podvol.io", "snap-0123456789abcdef01234567@node-a", false)
+	e.restore(ns, "restored", "podvol", fromSnapshot("nightly"), nil)
+
+	done := podWith(ns, "done", claimVol("app-data"), corev1.Volume{Name: "w", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "restored"}}})
+	e.must(e.c.Create(bg, done))
+	setPhase(e, done, corev1.PodSucceeded)
+	going := podWith(ns, "going", claimVol("app-data"))
+	going.Finalizers = []string{"test.podvol.io/hold"}
+	e.must(e.c.Create(bg, going))
+	e.must(e.c.Delete(bg, going))
+	// Its ephemeral volume "data" would be claim app-data, were it the pod's.
+	e.must(e.c.Create(bg, podWith(ns, "app", ephemeralVol("data"))))
+	e.never("a claim with no consumer placed", func() bool { return !e.untouched(ns, "app-data") || !e.untouched(ns, "restored") })
+	if ev := e.events(ns, "app-data") + e.events(ns, "restored"); ev != "" {
+		t.Fatalf("events on claims with no consumer: %s", ev)
+	}
+
+	e.use(ns, "app-data", "restored")
+	e.eventually("the clone placed once a pod uses it", func() bool { return e.placedOn(ns, "app-data", "node-a") })
+	e.eventually("the restore placed once a pod uses it", func() bool { return e.placedOn(ns, "restored", "node-a") })
+	e.must(e.c.Get(bg, client.ObjectKeyFromObject(going), going))
+	going.Finalizers = nil
+	e.must(e.c.Update(bg, going))
+}
+
+// A claim given back is not placed again once no pod uses it any more.
+func TestSourcePlacementStopsWithoutConsumer(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-gone")
+	e.placementClasses()
+	e.node("node-a")
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+	e.restore(ns, "copy", "podvol", fromClaim("golden"), nil)
+	e.use(ns, "copy")
+	e.eventually("the clone placed on node-a", func() bool { return e.placedOn(ns, "copy", "node-a") })
+
+	e.giveBack(ns, "copy")
+	e.must(e.c.Delete(bg, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "use-copy"}}))
+	e.neverFor(2*placementBackoff, "the claim placed again with no pod using it", func() bool {
+		return e.ann(ns, "copy", sourceplacement.SelectedNode) != ""
+	})
+	if n := strings.Count(e.events(ns, "copy"), sourceplacement.ReasonNoRoom); n > 1 {
+		t.Fatalf("%d SourceNodeFull warnings", n)
+	}
+
+	// A pod uses it again: it is placed again.
+	e.use(ns, "copy")
+	e.eventually("the clone placed again for the new pod", func() bool { return e.placedOn(ns, "copy", "node-a") })
+}
+
+// A claim created before its StorageClass is placed once the class comes.
+func TestSourcePlacementClassLater(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-class")
+	e.placementClasses()
+	e.node("node-a")
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+	e.restore(ns, "copy", "podvol-later", fromClaim("golden"), nil)
+	e.use(ns, "copy")
+	e.never("a claim of a class not there placed", func() bool { return !e.untouched(ns, "copy") })
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol-later"}, Provisioner: "podvol.io",
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}))
+	e.eventually("the clone placed once its class is there", func() bool { return e.placedOn(ns, "copy", "node-a") })
+}
+
+// noSnapshots is a RESTMapper of a cluster without the snapshot CRDs.
+type noSnapshots struct{ meta.RESTMapper }
+
+func (m noSnapshots) RESTMapping(gk schema.GroupKind, versions ...string) (*meta.RESTMapping, error) {
+	if gk.Group == sourceplacement.SnapshotGVK.Group {
+		return nil, &meta.NoKindMatchError{GroupKind: gk, SearchedVersions: versions}
+	}
+	return m.RESTMapper.RESTMapping(gk, versions...)
+}
+
+func (m noSnapshots) RESTMappings(gk schema.GroupKind, versions ...string) ([]*meta.RESTMapping, error) {
+	if gk.Group == sourceplacement.SnapshotGVK.Group {
+		return nil, &meta.NoKindMatchError{GroupKind: gk, SearchedVersions: versions}
+	}
+	return m.RESTMapper.RESTMappings(gk, versions...)
+}
+
+// Started without the snapshot CRDs, podvol-controller places clones, and
+// says on each restore that it must be restarted to place it.
+func TestSourcePlacementNoSnapshotCRDs(t *testing.T) {
+	e := startWith(t, func(m meta.RESTMapper) meta.RESTMapper { return noSnapshots{m} }, "source-placement")
+	ns := e.ns("placement-nocrds")
+	e.placementClasses()
+	e.node("node-a")
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+	e.snapshot(ns, "nightly", "snapcontent-nightly", "podvol.io", "snap-0123456789abcdef01234567@node-a", false)
+	e.restore(ns, "restored", "podvol", fromSnapshot("nightly"), nil)
+	e.restore(ns, "copy", "podvol", fromClaim("golden"), nil)
+	e.use(ns, "restored", "copy")
+	e.eventually("the clone placed", func() bool { return e.placedOn(ns, "copy", "node-a") })
+	e.eventually("a SnapshotAPIMissing warning", func() bool {
+		ev := e.events(ns, "restored")
+		return strings.Contains(ev, sourceplacement.ReasonNoSnapshotAPI+": its data source is VolumeSnapshot/nightly") &&
+			strings.Contains(ev, "podvol-controller is restarted after installing the snapshot CRDs")
+	})
+	if !e.untouched(ns, "restored") {
+		t.Fatal("a restore placed without the snapshot API")
+	}
+}
+
+// Restores waiting on a snapshot that is not bound cost no API request:
+// the snapshot kinds are read from the cache, and looked at again less and
+// less often (besides the watches that wake them).
+func TestSourcePlacementWaitIsCheap(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-wait")
+	e.placementClasses()
+	e.node("node-b")
+	e.snapshot(ns, "cutting", "", "", "", false)
+	e.restore(ns, "soon", "podvol", fromSnapshot("cutting"), nil)
+	e.use(ns, "soon")
+	e.eventually("a look at the snapshot", func() bool { return e.snapshotReads.Load() > 0 })
+	time.Sleep(12 * placementWait)
+	// A fixed Wait would look 12 times more, a doubling one ~4 times.
+	if n := e.snapshotReads.Load(); n > 7 {
+		t.Errorf("the snapshot was read %d times in %s with Wait %s: the looks do not grow apart", n, 12*placementWait, placementWait)
+	}
+	e.bindSnapshot(ns, "cutting", "snapcontent-cutting", "podvol.io", "snap-0123456789abcdef01234569@node-b", false)
+	e.eventually("the restore placed once the snapshot is bound", func() bool { return e.placedOn(ns, "soon", "node-b") })
+	for _, r := range []string{"volumesnapshots", "volumesnapshotcontents"} {
+		if n := e.liveGets.count(r); n > 0 {
+			t.Errorf("%d GETs of %s from the API server, not the cache", n, r)
 		}
 	}
-	e.eventually("the SourceNodeFull warning", func() bool {
-		return strings.Contains(e.events(ns, "copy"), sourceplacement.ReasonNoRoom+": node node-a, which holds its data source PersistentVolumeClaim/golden, has no room for this claim (see ProvisioningFailed events); podvol retries on node-a in 5s")
-	})
 }

@@ -119,7 +119,8 @@ func controllerNeeded() []access {
 	add(access{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "node-a", who: "node-loss"})
 	add(verbs("clone-lifecycle, admission-params, node-loss", "", "configmaps", "", namespace, "get", "list", "create", "patch", "delete")...)
 	// source-placement: its cache (list, watch) and reads (get) of claims,
-	// their sources' PVs, StorageClasses, Nodes and snapshots; the selected
+	// their sources' PVs, StorageClasses, Nodes, the pods that use the
+	// claims, and snapshots (from the cache, unstructured); the selected
 	// node it sets on a claim (patch); its events on claims and their pods.
 	const sp = "source-placement"
 	add(verbs(sp, "", "persistentvolumeclaims", "", "", "list", "watch")...)
@@ -127,6 +128,7 @@ func controllerNeeded() []access {
 	add(verbs(sp, "", "persistentvolumes", "", "", "get", "list", "watch")...)
 	add(verbs(sp, "storage.k8s.io", "storageclasses", "", "", "get", "list", "watch")...)
 	add(verbs(sp, "", "nodes", "", "", "get", "list", "watch")...)
+	add(verbs(sp, "", "pods", "", "", "list", "watch")...)
 	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshots", "", "", "list", "watch")...)
 	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshots", "", "tenant", "get")...)
 	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshotcontents", "", "", "get", "list", "watch")...)

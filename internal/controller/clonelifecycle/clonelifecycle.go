@@ -95,7 +95,8 @@ var referenceGrantList = schema.GroupVersionKind{Group: "gateway.networking.k8s.
 type Reconciler struct {
 	Client client.Client
 	// APIReader reads past the cache before steps that cannot be taken
-	// back (deleting a clone) and for the stash, which is not watched.
+	// back (deleting a clone), for the stash, which is not watched, and
+	// for ReferenceGrants (one just created must count).
 	// SetupWithManager fills it in.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
@@ -447,7 +448,9 @@ func (r *Reconciler) granted(ctx context.Context, pvc *corev1.PersistentVolumeCl
 	}
 	grants := &unstructured.UnstructuredList{}
 	grants.SetGroupVersionKind(referenceGrantList)
-	if err := r.Client.List(ctx, grants, client.InNamespace(*ref.Namespace)); err != nil && !apierrors.IsNotFound(err) {
+	// Past the cache: a grant just created must count (and the grants are
+	// unstructured, which podvol-controller's client may cache).
+	if err := r.APIReader.List(ctx, grants, client.InNamespace(*ref.Namespace)); err != nil && !apierrors.IsNotFound(err) {
 		return false, "", fmt.Errorf("list ReferenceGrants in %s: %w", *ref.Namespace, err)
 	}
 	for _, g := range grants.Items {

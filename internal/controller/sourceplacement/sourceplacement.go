@@ -13,16 +13,34 @@
 // the scheduler picked first: the scheduler's PreBind then sees the change
 // and schedules the pod again, onto that node.
 //
+// Only a claim that has a consumer is placed, as WaitForFirstConsumer
+// would: a pod that is neither being deleted nor finished uses it (a
+// persistentVolumeClaim volume naming it, or a generic ephemeral volume
+// whose pod owns it), or the scheduler has selected a node for it already.
+// A claim nobody uses is left unprovisioned, and the source node's room
+// untaken.
+//
 // When the source's node has no room, its csi-provisioner gets
 // RESOURCE_EXHAUSTED and removes the annotation to ask the scheduler for
 // another node, where the claim cannot be provisioned either. The controller
 // marks the claims it placed (podvol.io/source-node) and, finding the
-// annotation removed from one, places it again only after Reconciler.Backoff:
-// a retry every Backoff, not a fight with the provisioner.
+// annotation removed from one, places it again only after a backoff that
+// grows with each give-back (Reconciler.Backoff doubling up to
+// Reconciler.MaxBackoff, counted per claim until it is bound), and only
+// while a pod still uses it: not a fight with the provisioner.
+//
+// Sources that are not ready to tell their node (a claim not bound yet, a
+// snapshot not bound or not cut yet) wake their claims through watches (the
+// source claims, VolumeSnapshots and VolumeSnapshotContents), besides a
+// look again after Reconciler.Wait doubling up to MaxBackoff. Every read is
+// from the manager's cache (the snapshot kinds, read as unstructured
+// objects, too: podvol-controller's client caches unstructured objects).
 //
 // A source in another namespace (dataSourceRef.namespace) is not acted on:
 // which node holds it is the other namespace's to tell, and a ReferenceGrant
-// check is not this controller's to make. A Warning event says so.
+// check is not this controller's to make. A Warning event says so. So does
+// one on a restore when the snapshot CRDs were not installed when
+// podvol-controller started (it must be restarted to place restores).
 package sourceplacement
 
 import (
@@ -74,12 +92,16 @@ const (
 	ReasonNoNode = "SourceNodeUnknown"
 	// ReasonOtherNamespace: the source is in another namespace.
 	ReasonOtherNamespace = "SourceInOtherNamespace"
+	// ReasonNoSnapshotAPI: a restore, and VolumeSnapshot was not served
+	// when podvol-controller started.
+	ReasonNoSnapshotAPI = "SnapshotAPIMissing"
 )
 
-// Defaults of Reconciler.Backoff and Reconciler.Wait.
+// Defaults of Reconciler.Backoff, Reconciler.MaxBackoff and Reconciler.Wait.
 const (
-	DefaultBackoff = 30 * time.Second
-	DefaultWait    = 10 * time.Second
+	DefaultBackoff    = 30 * time.Second
+	DefaultMaxBackoff = 10 * time.Minute
+	DefaultWait       = 10 * time.Second
 )
 
 const snapshotGroup = "snapshot.storage.k8s.io"
@@ -90,10 +112,13 @@ var (
 	ContentGVK  = schema.GroupVersionKind{Group: snapshotGroup, Version: "v1", Kind: "VolumeSnapshotContent"}
 )
 
-// Field indexes of PVCs by the source they name in their own namespace.
+// Field indexes: of candidate PVCs by the source they name in their own
+// namespace and by their StorageClass, and of pods by the claims they use.
 const (
 	claimIndex    = "podvol.source-claim"
 	snapshotIndex = "podvol.source-snapshot"
+	classIndex    = "podvol.placement-class"
+	podClaimIndex = "podvol.placement-pod-claim"
 )
 
 // Reconciler places Driver's restores and clones on their source's node.
@@ -103,30 +128,41 @@ type Reconciler struct {
 	Driver   string
 	// Backoff is how long a claim whose placement the source node's
 	// provisioner gave back (no room) waits before it is placed there
-	// again; also how often a source whose node is not in the cluster is
-	// looked at again. Zero means DefaultBackoff.
+	// again the first time; it doubles with each give-back of the claim,
+	// up to MaxBackoff. Also how often a source whose node is not in the
+	// cluster is looked at again. Zero means DefaultBackoff.
 	Backoff time.Duration
-	// Wait is how often a source that is not ready to tell its node (a
-	// claim not bound yet, a snapshot not bound or not cut yet) is looked
-	// at again, besides the events that wake it. Zero means DefaultWait.
+	// MaxBackoff caps the growing waits of Backoff and Wait. Zero means
+	// DefaultMaxBackoff.
+	MaxBackoff time.Duration
+	// Wait is how long a claim whose source is not ready to tell its node
+	// (a claim not bound yet, a snapshot not bound or not cut yet) waits
+	// before its source is looked at again, besides the events that wake
+	// it; it doubles with each look, up to MaxBackoff. Zero means
+	// DefaultWait.
 	Wait time.Duration
 
 	// snapshots is whether VolumeSnapshots are served (SetupWithManager).
 	snapshots bool
 
 	mu sync.Mutex
-	// displaced: since when a claim placed here has been without its
-	// placement (the provisioner removed it).
-	displaced map[types.NamespacedName]since
-	// warned: the last Warning recorded for a claim, not repeated.
-	warned map[types.NamespacedName]since
+	// claims: what an unbound claim went through, forgotten once it is
+	// bound or gone.
+	claims map[types.NamespacedName]*state
 }
 
-// since is a claim's state: of the claim with uid, since at, what.
-type since struct {
-	uid  types.UID
-	at   time.Time
-	what string
+// state is what the claim of uid went through.
+type state struct {
+	uid types.UID
+	// waits: looks in a row at a source not ready to tell its node.
+	waits int
+	// giveBacks: how often the provisioner gave back a placement.
+	giveBacks int
+	// displaced: since when the claim has been without its placement
+	// (zero: it has it, or never had).
+	displaced time.Time
+	// warned: the last Warning recorded, not repeated.
+	warned string
 }
 
 func (r *Reconciler) backoff() time.Duration {
@@ -136,6 +172,13 @@ func (r *Reconciler) backoff() time.Duration {
 	return DefaultBackoff
 }
 
+func (r *Reconciler) maxBackoff() time.Duration {
+	if r.MaxBackoff > 0 {
+		return r.MaxBackoff
+	}
+	return DefaultMaxBackoff
+}
+
 func (r *Reconciler) wait() time.Duration {
 	if r.Wait > 0 {
 		return r.Wait
@@ -143,10 +186,21 @@ func (r *Reconciler) wait() time.Duration {
 	return DefaultWait
 }
 
+// grown is d doubled n times, at most MaxBackoff.
+func (r *Reconciler) grown(d time.Duration, n int) time.Duration {
+	for ; n > 0 && d < r.maxBackoff(); n-- {
+		d *= 2
+	}
+	return min(d, r.maxBackoff())
+}
+
 // SetupWithManager watches the unbound claims that restore or clone, the
-// claims they clone (to act once those are bound) and, when the snapshot
-// CRDs are installed, the VolumeSnapshots they restore. Without the CRDs
-// only clones are placed (restart podvol-controller after installing them).
+// claims they clone (to act once those are bound), the pods that use them
+// (to act once one does), the StorageClasses (a claim may come before its
+// class) and, when the snapshot CRDs are installed, the VolumeSnapshots
+// they restore and their contents. Without the CRDs only clones are placed,
+// and restores get a Warning (restart podvol-controller after installing
+// them).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	switch _, err := mgr.GetRESTMapper().RESTMapping(SnapshotGVK.GroupKind(), SnapshotGVK.Version); {
 	case meta.IsNoMatchError(err):
@@ -156,8 +210,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	default:
 		r.snapshots = true
 	}
+	ctx := context.Background()
 	for name, kind := range map[string]string{claimIndex: "PersistentVolumeClaim", snapshotIndex: "VolumeSnapshot"} {
-		err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.PersistentVolumeClaim{}, name, func(o client.Object) []string {
+		err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.PersistentVolumeClaim{}, name, func(o client.Object) []string {
 			pvc := o.(*corev1.PersistentVolumeClaim)
 			if s, ok := sourceOf(pvc); ok && candidate(pvc) && s.kind == kind && s.namespace == "" {
 				return []string{s.name}
@@ -168,11 +223,30 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return err
 		}
 	}
-	dependents := func(index string) handler.EventHandler {
+	err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.PersistentVolumeClaim{}, classIndex, func(o client.Object) []string {
+		pvc := o.(*corev1.PersistentVolumeClaim)
+		if c := className(pvc); c != "" && candidate(pvc) {
+			return []string{c}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, podClaimIndex, func(o client.Object) []string {
+		return claimsOf(o.(*corev1.Pod))
+	}); err != nil {
+		return err
+	}
+	claims := func(index string, key func(o client.Object) (ns, value string)) handler.EventHandler {
 		return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			ns, value := key(o)
+			if value == "" {
+				return nil
+			}
 			l := &corev1.PersistentVolumeClaimList{}
-			if err := r.Client.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{index: o.GetName()}); err != nil {
-				log.FromContext(ctx).Error(err, "List the claims of a source", "source", client.ObjectKeyFromObject(o))
+			if err := r.Client.List(ctx, l, client.InNamespace(ns), client.MatchingFields{index: value}); err != nil {
+				log.FromContext(ctx).Error(err, "List the claims of an object", "index", index, "object", client.ObjectKeyFromObject(o))
 				return nil
 			}
 			var reqs []reconcile.Request
@@ -182,6 +256,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return reqs
 		})
 	}
+	itself := func(o client.Object) (string, string) { return o.GetNamespace(), o.GetName() }
 	isCandidate := func(o client.Object) bool {
 		pvc, ok := o.(*corev1.PersistentVolumeClaim)
 		return ok && candidate(pvc)
@@ -196,15 +271,113 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			GenericFunc: func(e event.GenericEvent) bool { return isCandidate(e.Object) },
 		})).
 		// A source claim that gets bound wakes its clones.
-		Watches(&corev1.PersistentVolumeClaim{}, dependents(claimIndex), builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+		Watches(&corev1.PersistentVolumeClaim{}, claims(claimIndex, itself), builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			return o.(*corev1.PersistentVolumeClaim).Spec.VolumeName != ""
-		})))
+		}))).
+		// A pod that starts or stops using a claim wakes it.
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			var reqs []reconcile.Request
+			for _, name := range claimsOf(o.(*corev1.Pod)) {
+				reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}})
+			}
+			return reqs
+		}), builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(e event.CreateEvent) bool { return len(claimsOf(e.Object.(*corev1.Pod))) > 0 },
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return live(e.ObjectOld.(*corev1.Pod)) != live(e.ObjectNew.(*corev1.Pod)) && len(claimsOf(e.ObjectNew.(*corev1.Pod))) > 0
+			},
+			DeleteFunc:  func(e event.DeleteEvent) bool { return len(claimsOf(e.Object.(*corev1.Pod))) > 0 },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+		})).
+		// A StorageClass created after its claims wakes them (its
+		// provisioner and binding mode cannot change).
+		Watches(&storagev1.StorageClass{}, claims(classIndex, func(o client.Object) (string, string) { return "", o.GetName() }),
+			builder.WithPredicates(predicate.Funcs{
+				CreateFunc:  func(event.CreateEvent) bool { return true },
+				UpdateFunc:  func(event.UpdateEvent) bool { return false },
+				DeleteFunc:  func(event.DeleteEvent) bool { return false },
+				GenericFunc: func(event.GenericEvent) bool { return false },
+			}))
 	if r.snapshots {
 		vs := &unstructured.Unstructured{}
 		vs.SetGroupVersionKind(SnapshotGVK)
-		b = b.Watches(vs, dependents(snapshotIndex))
+		c := &unstructured.Unstructured{}
+		c.SetGroupVersionKind(ContentGVK)
+		b = b.Watches(vs, claims(snapshotIndex, itself)).
+			// A content that gets its handle wakes the restores of its
+			// snapshot.
+			Watches(c, claims(snapshotIndex, func(o client.Object) (string, string) {
+				u, ok := o.(*unstructured.Unstructured)
+				if !ok {
+					return "", ""
+				}
+				ns, _, _ := unstructured.NestedString(u.Object, "spec", "volumeSnapshotRef", "namespace")
+				name, _, _ := unstructured.NestedString(u.Object, "spec", "volumeSnapshotRef", "name")
+				if ns == "" {
+					return "", ""
+				}
+				return ns, name
+			}))
 	}
 	return b.Complete(r)
+}
+
+// claimsOf names the claims a pod's volumes use: those of its
+// persistentVolumeClaim volumes and of its generic ephemeral volumes
+// (<pod>-<volume>).
+func claimsOf(pod *corev1.Pod) []string {
+	var out []string
+	for _, v := range pod.Spec.Volumes {
+		switch {
+		case v.PersistentVolumeClaim != nil:
+			out = append(out, v.PersistentVolumeClaim.ClaimName)
+		case v.Ephemeral != nil:
+			out = append(out, pod.Name+"-"+v.Name)
+		}
+	}
+	return out
+}
+
+// live tells whether a pod may still run: not being deleted, not finished.
+func live(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+}
+
+// uses tells whether a live pod uses the claim: a persistentVolumeClaim
+// volume names it, or it is a generic ephemeral volume's and the pod owns
+// it.
+func uses(pod *corev1.Pod, pvc *corev1.PersistentVolumeClaim) bool {
+	if !live(pod) || pod.Namespace != pvc.Namespace {
+		return false
+	}
+	for _, v := range pod.Spec.Volumes {
+		switch {
+		case v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == pvc.Name:
+			return true
+		case v.Ephemeral != nil && pod.Name+"-"+v.Name == pvc.Name && metav1.IsControlledBy(pvc, pod):
+			return true
+		}
+	}
+	return false
+}
+
+// consumed tells whether the claim has a consumer, as WaitForFirstConsumer
+// means it: a live pod uses it, or the scheduler selected a node for it (a
+// selected node that podvol did not set).
+func (r *Reconciler) consumed(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (bool, error) {
+	if pvc.Annotations[SelectedNode] != "" && pvc.Annotations[SourceNode] == "" {
+		return true, nil
+	}
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(pvc.Namespace), client.MatchingFields{podClaimIndex: pvc.Name}); err != nil {
+		return false, fmt.Errorf("list the pods of PVC %s/%s: %w", pvc.Namespace, pvc.Name, err)
+	}
+	for i := range pods.Items {
+		if uses(&pods.Items[i], pvc) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // source is what a claim is made from.
@@ -266,7 +439,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.forget(req.NamespacedName)
 		return reconcile.Result{}, nil
 	}
+	// A claim of a class not there yet is woken when the class comes.
 	if ours, err := r.placedByDriver(ctx, pvc); err != nil || !ours {
+		return reconcile.Result{}, err
+	}
+	// A claim nobody uses is woken when a pod does.
+	if used, err := r.consumed(ctx, pvc); err != nil || !used {
+		r.waited(pvc, false)
 		return reconcile.Result{}, err
 	}
 	if src.namespace != "" {
@@ -284,15 +463,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		node, why, wait, err = r.claimNode(ctx, pvc.Namespace, src.name)
 	default:
 		if !r.snapshots {
+			r.warnOnce(pvc, problem{ReasonNoSnapshotAPI, fmt.Sprintf(
+				"its data source is %s, and VolumeSnapshot was not served when podvol-controller started (snapshot CRDs not installed): podvol does not place restores until podvol-controller is restarted after installing the snapshot CRDs. Restart it, or the claim may be provisioned on a node that does not hold the snapshot (NOT_FOUND)",
+				src)})
 			return reconcile.Result{}, nil
 		}
 		node, why, wait, err = r.snapshotNode(ctx, pvc.Namespace, src.name)
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		return reconcile.Result{}, err
-	case wait:
-		return reconcile.Result{RequeueAfter: r.wait()}, nil
+	}
+	// The watches of the source wake the claim once it can tell; the
+	// look again, growing, is for what they do not see.
+	if after := r.waited(pvc, wait); wait {
+		return reconcile.Result{RequeueAfter: after}, nil
+	}
+	switch {
 	case why != nil:
 		r.warnOnce(pvc, *why)
 		return reconcile.Result{}, nil
@@ -311,14 +497,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return r.place(ctx, pvc, src, node)
 }
 
+// className is the claim's StorageClass.
+func className(pvc *corev1.PersistentVolumeClaim) string {
+	if pvc.Spec.StorageClassName != nil {
+		return *pvc.Spec.StorageClassName
+	}
+	return pvc.Annotations[corev1.BetaStorageClassAnnotation]
+}
+
 // placedByDriver tells whether the claim's StorageClass is Driver's and
 // waits for the first consumer (an Immediate claim is placed by whoever
 // provisions it first, not by the scheduler).
 func (r *Reconciler) placedByDriver(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (bool, error) {
-	name := pvc.Annotations[corev1.BetaStorageClassAnnotation]
-	if pvc.Spec.StorageClassName != nil {
-		name = *pvc.Spec.StorageClassName
-	}
+	name := className(pvc)
 	if name == "" {
 		return false, nil
 	}
@@ -421,25 +612,24 @@ func (r *Reconciler) snapshotNode(ctx context.Context, ns, name string) (node st
 }
 
 // place sets the claim's selected node to the source's node, unless the
-// source node's provisioner gave it back less than Backoff ago.
+// source node's provisioner gave it back less than the claim's backoff ago.
 func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClaim, src source, node string) (reconcile.Result, error) {
 	key := client.ObjectKeyFromObject(pvc)
 	selected := pvc.Annotations[SelectedNode]
 	if pvc.Annotations[SourceNode] == node {
 		if selected == node {
-			r.settled(key)
 			return reconcile.Result{}, nil
 		}
 		// Placed here before, and the placement is gone (or the
 		// scheduler chose again after it went): the node's provisioner
 		// asked for another node, which cannot provision it either.
-		at, first := r.displacedSince(pvc)
+		at, delay, first := r.givenBack(pvc)
 		if first {
 			r.event(pvc, corev1.EventTypeWarning, ReasonNoRoom,
 				"node %s, which holds its data source %s, has no room for this claim (see ProvisioningFailed events); podvol retries on %s in %s",
-				node, src, node, r.backoff())
+				node, src, node, delay)
 		}
-		if left := time.Until(at.Add(r.backoff())); left > 0 {
+		if left := time.Until(at.Add(delay)); left > 0 {
 			return reconcile.Result{RequeueAfter: left}, nil
 		}
 	}
@@ -452,7 +642,7 @@ func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClai
 	if err := r.Client.Patch(ctx, pvc, patch); err != nil {
 		return reconcile.Result{}, fmt.Errorf("annotate PVC %s %s=%s: %w", key, SelectedNode, node, err)
 	}
-	r.settled(key)
+	r.placed(pvc)
 	log.FromContext(ctx).Info("Placed a claim on its source's node", "pvc", key, "source", src.String(), "node", node, "was", selected)
 	note := ""
 	if selected != "" && selected != node {
@@ -475,46 +665,76 @@ func (r *Reconciler) event(pvc *corev1.PersistentVolumeClaim, typ, reason, note 
 // warnOnce records a Warning event unless it is the one last recorded for
 // this claim.
 func (r *Reconciler) warnOnce(pvc *corev1.PersistentVolumeClaim, p problem) {
-	key := client.ObjectKeyFromObject(pvc)
 	r.mu.Lock()
-	last, ok := r.warned[key]
-	repeat := ok && last.uid == pvc.UID && last.what == p.reason+p.note
-	if !repeat {
-		if r.warned == nil {
-			r.warned = map[types.NamespacedName]since{}
-		}
-		r.warned[key] = since{uid: pvc.UID, at: time.Now(), what: p.reason + p.note}
-	}
+	st := r.state(pvc)
+	repeat := st.warned == p.reason+p.note
+	st.warned = p.reason + p.note
 	r.mu.Unlock()
 	if !repeat {
 		r.event(pvc, corev1.EventTypeWarning, p.reason, "%s", p.note)
 	}
 }
 
-// displacedSince returns since when the claim has been without its
-// placement, and whether that starts now.
-func (r *Reconciler) displacedSince(pvc *corev1.PersistentVolumeClaim) (time.Time, bool) {
+// state is the claim's, new if it has none or one of an older claim of
+// that name. r.mu is held.
+func (r *Reconciler) state(pvc *corev1.PersistentVolumeClaim) *state {
 	key := client.ObjectKeyFromObject(pvc)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if d, ok := r.displaced[key]; ok && d.uid == pvc.UID {
-		return d.at, false
+	if st, ok := r.claims[key]; ok && st.uid == pvc.UID {
+		return st
 	}
-	if r.displaced == nil {
-		r.displaced = map[types.NamespacedName]since{}
+	if r.claims == nil {
+		r.claims = map[types.NamespacedName]*state{}
 	}
-	now := time.Now()
-	r.displaced[key] = since{uid: pvc.UID, at: now}
-	return now, true
+	st := &state{uid: pvc.UID}
+	r.claims[key] = st
+	return st
 }
 
-// settled forgets what a placed claim went through.
-func (r *Reconciler) settled(key types.NamespacedName) {
+// waited counts a look at the claim's source that found it not ready
+// (wait) or resets the count, and returns when to look again: Wait, doubled
+// with each look in a row.
+func (r *Reconciler) waited(pvc *corev1.PersistentVolumeClaim, wait bool) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.displaced, key)
-	delete(r.warned, key)
+	if !wait {
+		if st, ok := r.claims[client.ObjectKeyFromObject(pvc)]; ok {
+			st.waits = 0
+		}
+		return 0
+	}
+	st := r.state(pvc)
+	st.waits++
+	return r.grown(r.wait(), st.waits-1)
+}
+
+// givenBack returns since when the claim has been without its placement,
+// how long it waits from then (Backoff, doubled with each give-back of the
+// claim), and whether that starts now.
+func (r *Reconciler) givenBack(pvc *corev1.PersistentVolumeClaim) (at time.Time, delay time.Duration, first bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.state(pvc)
+	if st.displaced.IsZero() {
+		st.giveBacks++
+		st.displaced = time.Now()
+		first = true
+	}
+	return st.displaced, r.grown(r.backoff(), st.giveBacks-1), first
+}
+
+// placed notes that the claim has its placement again (its give-backs
+// still count), and forgets its warnings.
+func (r *Reconciler) placed(pvc *corev1.PersistentVolumeClaim) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.state(pvc)
+	st.displaced = time.Time{}
+	st.warned = ""
 }
 
 // forget forgets a claim that is gone, bound or not a candidate.
-func (r *Reconciler) forget(key types.NamespacedName) { r.settled(key) }
+func (r *Reconciler) forget(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.claims, key)
+}
