@@ -613,7 +613,13 @@ func (n *Node) removeNetwork() error {
 	if exec.Command("ip", "link", "show", n.veth()).Run() != nil {
 		return nil
 	}
-	return ipCmd("link", "del", n.veth())
+	err := ipCmd("link", "del", n.veth())
+	// The link also goes by itself when the node's network namespace
+	// ends, which may happen between the two commands.
+	if err != nil && exec.Command("ip", "link", "show", n.veth()).Run() != nil {
+		return nil
+	}
+	return err
 }
 
 // Fetch GETs url from inside the node's network namespace, where its
