@@ -13,7 +13,7 @@ const (
 	// staging modules are its v0.x twin).
 	Kubernetes = "v1.37.2"
 	// ExternalProvisioner, ExternalResizer and ExternalSnapshotter are the
-	// CSI sidecars (tools/sidecars/*/go.mod, deploy/base/kustomization.yaml).
+	// CSI sidecars (tools/sidecars/go.mod, deploy/base/kustomization.yaml).
 	ExternalProvisioner = "v6.4.0"
 	ExternalResizer     = "v2.3.0"
 	ExternalSnapshotter = "v8.7.0"

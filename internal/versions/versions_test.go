@@ -39,9 +39,9 @@ func require(t *testing.T, rel, module string) string {
 func TestGoModulesBuildTheseVersions(t *testing.T) {
 	for _, c := range []struct{ gomod, module, want string }{
 		{"tools/k8s/go.mod", "k8s.io/kubernetes", Kubernetes},
-		{"tools/sidecars/provisioner/go.mod", "github.com/kubernetes-csi/external-provisioner/v6", ExternalProvisioner},
-		{"tools/sidecars/resizer/go.mod", "github.com/kubernetes-csi/external-resizer/v2", ExternalResizer},
-		{"tools/sidecars/snapshotter/go.mod", "github.com/kubernetes-csi/external-snapshotter/v8", ExternalSnapshotter},
+		{"tools/sidecars/go.mod", "github.com/kubernetes-csi/external-provisioner/v6", ExternalProvisioner},
+		{"tools/sidecars/go.mod", "github.com/kubernetes-csi/external-resizer/v2", ExternalResizer},
+		{"tools/sidecars/go.mod", "github.com/kubernetes-csi/external-snapshotter/v8", ExternalSnapshotter},
 		// The staging modules are v0.<minor>.<patch> of Kubernetes v1.
 		{"go.mod", "k8s.io/api", "v0." + strings.TrimPrefix(Kubernetes, "v1.")},
 	} {
@@ -52,6 +52,54 @@ func TestGoModulesBuildTheseVersions(t *testing.T) {
 	if _, err := os.Stat("../../tools/e2e/go.mod"); err == nil {
 		if got := require(t, "tools/e2e/go.mod", "k8s.io/kubernetes"); got != Kubernetes {
 			t.Errorf("tools/e2e/go.mod requires k8s.io/kubernetes %s, want %s", got, Kubernetes)
+		}
+	}
+}
+
+// A package compiles once for every binary only if its whole dependency
+// closure has the same versions: the e2e suite's module requires what the
+// Kubernetes binaries' module does, and the sidecars' module replaces every
+// Kubernetes library with Kubernetes' own version (the sidecars ask for
+// older ones).
+func TestToolModulesShareVersions(t *testing.T) {
+	parse := func(rel string) *modfile.File {
+		f, err := modfile.Parse(rel, read(t, rel), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	k8s, e2e := parse("tools/k8s/go.mod"), parse("tools/e2e/go.mod")
+	want := map[string]string{}
+	for _, r := range k8s.Require {
+		want[r.Mod.Path] = r.Mod.Version
+	}
+	shared := 0
+	for _, r := range e2e.Require {
+		if v, ok := want[r.Mod.Path]; ok {
+			shared++
+			if v != r.Mod.Version {
+				t.Errorf("tools/e2e/go.mod requires %s %s, tools/k8s/go.mod %s: e2e.test would compile its own copy of every package depending on it", r.Mod.Path, r.Mod.Version, v)
+			}
+		}
+	}
+	if shared < 100 {
+		t.Errorf("tools/e2e/go.mod shares only %d requirements with tools/k8s/go.mod", shared)
+	}
+	staging := "v0." + strings.TrimPrefix(Kubernetes, "v1.")
+	replaced := map[string]bool{}
+	for _, r := range parse("tools/sidecars/go.mod").Replace {
+		if !strings.HasPrefix(r.Old.Path, "k8s.io/") {
+			continue
+		}
+		replaced[r.Old.Path] = true
+		if r.New.Path != r.Old.Path || r.New.Version != staging {
+			t.Errorf("tools/sidecars/go.mod replaces %s with %s %s, want %s", r.Old.Path, r.New.Path, r.New.Version, staging)
+		}
+	}
+	for _, m := range []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go", "k8s.io/apiserver"} {
+		if !replaced[m] {
+			t.Errorf("tools/sidecars/go.mod does not replace %s with %s", m, staging)
 		}
 	}
 }

@@ -3,7 +3,7 @@
 # envtest suites run, from Go modules, into a cache directory keyed by version
 # (outside the repository), and prints that directory. A binary already in
 # the cache is not rebuilt. A cold build of all of them takes ~12 minutes on 2
-# cores; progress is printed to stderr.
+# cores; progress (packages compiled, time so far) goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")"
 . ../lib.sh
@@ -22,13 +22,13 @@ declare -A PKG=(
   [kubelet]=k8s.io/kubernetes/cmd/kubelet
   [kubectl]=k8s.io/kubernetes/cmd/kubectl
 )
-ORDER=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet)
-[ $# -gt 0 ] && ORDER=("$@")
-i=0
-for b in "${ORDER[@]}"; do
-  i=$((i + 1))
+WANT=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet)
+[ $# -gt 0 ] && WANT=("$@")
+ARGS=()
+for b in "${WANT[@]}"; do
   [ -n "${PKG[$b]:-}" ] || { echo "build.sh: unknown binary $b (known: ${!PKG[*]})" >&2; exit 2; }
-  build_into "$OUT/$b" "[$i/${#ORDER[@]}] $b" "a cold kube-apiserver takes ~9 min" \
-    go build -ldflags "$LDFLAGS" -o "$OUT/$b.tmp" "${PKG[$b]}"
+  ARGS+=("$OUT/$b=${PKG[$b]}")
 done
+BUILD_FLAGS=(-ldflags "$LDFLAGS")
+build_missing kubernetes "~12 min cold on 2 cores" "${ARGS[@]}"
 echo "$OUT"

@@ -1,8 +1,0 @@
-//go:build tools
-
-// Package tools pins the CSI sidecar built from this module.
-package tools
-
-import (
-	_ "github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer"
-)
