@@ -73,7 +73,11 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		// may run while it is frozen and copied.
 		defer d.locks.Lock(source.ID)()
 	}
-	v, err := d.cfg.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Quiesce: d.cfg.Node.Quiesce})
+	format := true
+	for _, c := range req.GetVolumeCapabilities() {
+		format = format && c.GetMount() != nil
+	}
+	v, err := d.cfg.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Format: format, Quiesce: d.cfg.Node.Quiesce})
 	if err != nil {
 		return nil, toStatus(err)
 	}

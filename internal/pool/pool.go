@@ -195,6 +195,12 @@ type CreateRequest struct {
 	Parameters map[string]string
 	Source     *store.Source
 	Inline     *store.Inline
+	// Format makes the filesystem when the image is made, for a volume
+	// every capability of which mounts it: CreateVolume runs while
+	// kube-scheduler waits for the claim to be bound anyway, and
+	// NodeStageVolume, on the pod's path, is left to attach and mount.
+	// A volume with a source has its source's filesystem.
+	Format bool
 	// Quiesce is called around the copy of a source volume, so that a
 	// mounted filesystem is consistent in the copy. It returns the undo.
 	Quiesce func(volumeID string) (func(), error)
@@ -215,7 +221,7 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		if v.State == store.Deleting {
 			return nil, fmt.Errorf("volume %q is being deleted: %w", r.Name, ErrInUse)
 		}
-		return p.finishCreate(v, r)
+		return p.finishCreate(ctx, v, r)
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
 	}
@@ -247,13 +253,20 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		return nil, err
 	}
 	failpoint.Hit("create-after-record")
-	return p.finishCreate(v, r)
+	return p.finishCreate(ctx, v, r)
 }
 
-func (p *Pool) finishCreate(v *store.Volume, r CreateRequest) (*store.Volume, error) {
+// finishCreate makes the image of a volume recorded as Creating. A crash
+// before it is Ready is rolled back by Recover, a retry starts it again.
+func (p *Pool) finishCreate(ctx context.Context, v *store.Volume, r CreateRequest) (*store.Volume, error) {
 	var err error
 	if v.Source == nil {
 		err = makeImage(p.ImagePath(v.ID), v.SizeBytes)
+		if err == nil && r.Format {
+			if err = p.dev.Format(ctx, p.ImagePath(v.ID), v.FsType); err != nil {
+				err = fmt.Errorf("make %s filesystem on volume %s: %w", v.FsType, v.ID, err)
+			}
+		}
 	} else {
 		err = p.copyFromSource(v, r.Quiesce)
 	}

@@ -1120,6 +1120,27 @@ func (f *Fake) Format(ctx context.Context, dev, fsType string) error {
 	if fsType != "ext4" && fsType != "xfs" {
 		return fmt.Errorf("unsupported filesystem %q", fsType)
 	}
+	if _, isDev := loopNumber(dev); !isDev {
+		// mkfs on an image file, as the pool does when it creates a volume.
+		for _, l := range f.loops {
+			if l != nil && l.backing == dev && f.sbs[l.n] != nil {
+				return fmt.Errorf("mkfs.%s %s: %s is mounted; will not make a filesystem here", fsType, dev, dev)
+			}
+		}
+		file, err := os.OpenFile(dev, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("mkfs.%s %s: %w", fsType, dev, err)
+		}
+		defer file.Close()
+		fi, err := file.Stat()
+		if err != nil {
+			return err
+		}
+		if fsType == "xfs" && fi.Size() < 300<<20 {
+			return fmt.Errorf("mkfs.xfs %s: Filesystem must be larger than 300MB", dev)
+		}
+		return writeSig(file, &Signature{Type: fsType, UUID: newUUID(), Size: fi.Size() &^ 511})
+	}
 	l, err := f.tool("mkfs."+fsType, dev)
 	if err != nil {
 		return err
