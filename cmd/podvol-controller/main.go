@@ -46,6 +46,9 @@ func main() {
 		driver      = flag.String("driver", names.Driver, "CSI driver whose volumes node-loss releases, whose StorageClasses the admission policies check and whose restores and clones source-placement places")
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
 			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released; a renewal seen after the deletion means the node lives, and nothing is released")
+		ephemeralWorkers = flag.Int("concurrent-ephemeralvolume-syncs", ephemeral.DefaultWorkers, "ephemeral-volume: how many pods get their claims at once (kube-controller-manager's flag of the same name)")
+		apiQPS           = flag.Float64("kube-api-qps", 50, "queries per second to the API server, all controllers together")
+		apiBurst         = flag.Int("kube-api-burst", 100, "burst of queries to the API server above --kube-api-qps")
 		showVersion      = flag.Bool("version", false, "print the version and exit")
 		removeFinalizers = flag.Bool("remove-finalizers", false,
 			"uninstall: remove node-loss's finalizer from every Node (releasing nothing) and exit; scale deployment podvol-controller to 0 first, or it adds them again")
@@ -61,10 +64,13 @@ func main() {
 	switch {
 	case *grace <= 0:
 		err = fmt.Errorf("--node-loss-grace-period must be positive, not %s", *grace)
+	case *ephemeralWorkers < 1 || *apiQPS <= 0 || *apiBurst < 1:
+		err = fmt.Errorf("--concurrent-ephemeralvolume-syncs, --kube-api-qps and --kube-api-burst must be positive")
 	case *removeFinalizers:
 		err = removeNodeFinalizers()
 	default:
-		err = run(*metricsAddr, *healthAddr, *leaderElect, *leaseNS, *controllers, *driver, *grace)
+		err = run(runConfig{metricsAddr: *metricsAddr, healthAddr: *healthAddr, leaderElect: *leaderElect, leaseNS: *leaseNS,
+			controllers: *controllers, driver: *driver, grace: *grace, ephemeralWorkers: *ephemeralWorkers, qps: float32(*apiQPS), burst: *apiBurst})
 	}
 	if err != nil {
 		klog.ErrorS(err, "podvol-controller failed")
@@ -93,17 +99,31 @@ func removeNodeFinalizers() error {
 	return nil
 }
 
-func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers, driver string, grace time.Duration) error {
+// runConfig is podvol-controller's flags.
+type runConfig struct {
+	metricsAddr, healthAddr      string
+	leaderElect                  bool
+	leaseNS, controllers, driver string
+	grace                        time.Duration
+	ephemeralWorkers             int
+	qps                          float32
+	burst                        int
+}
+
+func run(c runConfig) error {
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("kubernetes API access (in-cluster config or --kubeconfig): %w", err)
 	}
+	// controller-runtime's 20 QPS would queue a burst of pods' claims (a
+	// claim, its events and status writes each).
+	cfg.QPS, cfg.Burst = c.qps, c.burst
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress:  healthAddr,
-		LeaderElection:          leaderElect,
+		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
+		HealthProbeBindAddress:  c.healthAddr,
+		LeaderElection:          c.leaderElect,
 		LeaderElectionID:        "podvol-controller",
-		LeaderElectionNamespace: leaseNS,
+		LeaderElectionNamespace: c.leaseNS,
 		// Reads of unstructured objects (the snapshot kinds, read by
 		// snapshot-import and source-placement) come from the cache too,
 		// not the API server: a tenant's claims cannot multiply them.
@@ -112,24 +132,24 @@ func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers,
 	if err != nil {
 		return err
 	}
-	for _, name := range strings.Split(controllers, ",") {
+	for _, name := range strings.Split(c.controllers, ",") {
 		rec := mgr.GetEventRecorder("podvol-controller")
 		switch strings.TrimSpace(name) {
 		case "ephemeral-volume":
-			err = (&ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec}).SetupWithManager(mgr)
+			err = (&ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec, Workers: c.ephemeralWorkers}).SetupWithManager(mgr)
 		case "clone-lifecycle":
-			err = (&clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec, StashNamespace: leaseNS}).SetupWithManager(mgr)
+			err = (&clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec, StashNamespace: c.leaseNS}).SetupWithManager(mgr)
 		case "node-loss":
-			err = (&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver, Grace: grace, Namespace: leaseNS}).SetupWithManager(mgr)
+			err = (&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver, Grace: c.grace, Namespace: c.leaseNS}).SetupWithManager(mgr)
 		case "admission-params":
-			if leaseNS == "" {
+			if c.leaseNS == "" {
 				return fmt.Errorf("admission-params writes ConfigMap %s in podvol's namespace: set POD_NAMESPACE or --leader-election-namespace", admissionParams)
 			}
-			err = (&admissionparams.Reconciler{Client: mgr.GetClient(), Driver: driver, Namespace: leaseNS, Name: admissionParams}).SetupWithManager(mgr)
+			err = (&admissionparams.Reconciler{Client: mgr.GetClient(), Driver: c.driver, Namespace: c.leaseNS, Name: admissionParams}).SetupWithManager(mgr)
 		case "snapshot-import":
-			err = (&snapshotimport.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver}).SetupWithManager(mgr)
+			err = (&snapshotimport.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver}).SetupWithManager(mgr)
 		case "source-placement":
-			err = (&sourceplacement.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: driver}).SetupWithManager(mgr)
+			err = (&sourceplacement.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver}).SetupWithManager(mgr)
 		case "":
 		default:
 			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import, source-placement)", name)
@@ -144,6 +164,6 @@ func run(metricsAddr, healthAddr string, leaderElect bool, leaseNS, controllers,
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	klog.InfoS("Starting podvol-controller", "version", version, "controllers", controllers, "nodeLossGracePeriod", grace)
+	klog.InfoS("Starting podvol-controller", "version", version, "controllers", c.controllers, "nodeLossGracePeriod", c.grace)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -128,7 +128,7 @@ func TestSidecars(t *testing.T) {
 	provisioner := e.run(t, "csi-provisioner", bin("csi-provisioner-"+versions.ExternalProvisioner),
 		[]string{"NODE_NAME=node-a", "NAMESPACE=" + namespace, "POD_NAME=podvol-node-node-a"},
 		csiAddress, "--kubeconfig="+nodeA, "--node-deployment", "--enable-capacity", "--capacity-ownerref-level=1",
-		"--extra-create-metadata", "--feature-gates=CrossNamespaceVolumeDataSource=true", "--timeout=120s",
+		"--extra-create-metadata", "--feature-gates=CrossNamespaceVolumeDataSource=true", "--timeout=120s", "--kube-api-qps=50", "--kube-api-burst=100",
 		"--node-deployment-base-delay=1s", "--node-deployment-max-delay=5s", "-v=4")
 	snapshotter := e.run(t, "csi-snapshotter", bin("csi-snapshotter-"+versions.ExternalSnapshotter), []string{"NODE_NAME=node-a"},
 		csiAddress, "--kubeconfig="+nodeA, "--node-deployment", "-v=4")

@@ -20,6 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -49,7 +50,14 @@ type Reconciler struct {
 	// foreign PVC never reported. SetupWithManager fills it in.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
+	// Workers is how many pods are reconciled at once (at least 1): with
+	// one, a burst of pods waits in line for its claims.
+	Workers int
 }
+
+// DefaultWorkers is kube-controller-manager's default for its own ephemeral
+// volume controller (--concurrent-ephemeralvolume-syncs).
+const DefaultWorkers = 5
 
 // claimIndex indexes pods by the names of their ephemeral volumes' PVCs.
 const claimIndex = "podvol.ephemeral-claims"
@@ -89,6 +97,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ephemeral-volume").
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		For(&corev1.Pod{}).
 		Watches(&corev1.PersistentVolumeClaim{}, podsWanting, builder.WithPredicates(predicate.Funcs{
 			CreateFunc:  func(event.CreateEvent) bool { return false },
