@@ -119,8 +119,10 @@ func DetachLoop(dev, backing string) error {
 	}
 	// While anyone else holds the device open, the kernel only marks it
 	// to detach on the last close. Wait for that, so that the caller does
-	// not delete the image of a device that is still attached.
-	for i := 0; i < 100 && serves(); i++ {
+	// not delete the image of a device that is still attached. Tools that
+	// scan every loop device (a kubelet's losetup, blkid) open each for a
+	// moment, which on a loaded machine has lasted over 2 s.
+	for i := 0; i < 500 && serves(); i++ {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if serves() {
