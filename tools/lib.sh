@@ -90,6 +90,7 @@ build_missing() {
   for i in "${!bins[@]}"; do
     mv "$tmp/$(basename "${pkgs[$i]}")" "${bins[$i]}"
   done
+  rmdir "$tmp"
   echo "$step: built $names in $((SECONDS - t0))s" >&2
 }
 

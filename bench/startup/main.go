@@ -59,7 +59,7 @@ func main() {
 	flag.BoolVar(&c.probe, "readiness-probe", false, "give the pod the e2e tests' readiness probe (test -e the file, every 1 s) instead of none")
 	flag.StringVar(&c.out, "out", filepath.Join(devcluster.RepoRoot(), "bench", "startup"), "directory for README.md, startup.png and the CSV files")
 	flag.DurationVar(&c.batchTimeout, "batch-timeout", 5*time.Minute, "how long one batch may take to be Ready")
-	flag.StringVar(&c.only, "cells", "", "comma-separated cells to run (default all: emptyDir,inline,ephemeral,ephemeral-xfs,persistent)")
+	flag.StringVar(&c.only, "cells", "", "comma-separated cells to run (default all: emptyDir,inline,ephemeral,ephemeral-watch,ephemeral-xfs,persistent)")
 	flag.Parse()
 	if err := run(c); err != nil {
 		fmt.Fprintf(os.Stderr, "bench-startup: %v\n", err)
@@ -79,6 +79,8 @@ type bench struct {
 	res   *Result
 	seq   int
 	nodes []string
+	// schedulers are the kube-scheduler binaries by Cell.Scheduler.
+	schedulers map[string]string
 }
 
 func run(c config) error {
@@ -130,6 +132,15 @@ func run(c config) error {
 	for _, n := range cl.Nodes {
 		b.nodes = append(b.nodes, n.Name)
 	}
+	if err := b.buildSchedulers(ctx, chosen); err != nil {
+		return err
+	}
+	// Kubernetes' own kube-scheduler runs again at the end, whatever happens.
+	defer func() {
+		if err := cl.UseScheduler(b.schedulers[""]); err != nil {
+			fmt.Fprintf(os.Stderr, "bench-startup: putting back Kubernetes' kube-scheduler: %v (`make up` does it too)\n", err)
+		}
+	}()
 	// The namespace goes at the end whatever happens, interrupt included
 	// (ctx is then done: the cleanup has a context of its own).
 	defer b.deleteNamespace()
@@ -249,8 +260,36 @@ func (b *bench) ops(ctx context.Context) (OpTotals, error) {
 	return t, nil
 }
 
+// buildSchedulers finds (building if need be) the kube-scheduler binaries the
+// cells run with.
+func (b *bench) buildSchedulers(ctx context.Context, chosen []Cell) error {
+	b.schedulers = map[string]string{}
+	for _, name := range []string{"", PrebindWatch} {
+		needed := name == ""
+		for _, c := range chosen {
+			needed = needed || c.Scheduler == name
+		}
+		if !needed {
+			continue
+		}
+		bin := name
+		if bin == "" {
+			bin = "kube-scheduler"
+		}
+		path, err := b.cl.KubernetesBinary(ctx, bin)
+		if err != nil {
+			return err
+		}
+		b.schedulers[name] = path
+	}
+	return nil
+}
+
 // cell runs n pods of one cell in one mode, in batches of the mode's size.
 func (b *bench) cell(ctx context.Context, round int, m Mode, c Cell, n int) error {
+	if err := b.cl.UseScheduler(b.schedulers[c.Scheduler]); err != nil {
+		return fmt.Errorf("running %s: %w", filepath.Base(b.schedulers[c.Scheduler]), err)
+	}
 	t0 := time.Now()
 	k := Key{c.Name, m.Name}
 	if b.res.Ops[k] == nil {

@@ -214,6 +214,22 @@ func RatioTable(r *Result) string {
 	return w.String()
 }
 
+// SchedulerTable is the generic ephemeral volume under Kubernetes'
+// kube-scheduler and under the patched one, side by side.
+func SchedulerTable(r *Result) string {
+	var w strings.Builder
+	w.WriteString("| mode | claim bound → pod scheduled, p50 / p90: Kubernetes' | patched | pod created → Ready, p50 / p90: Kubernetes' | patched | patched / Kubernetes' (p50) | p50 / inline: Kubernetes' | patched | p90 / inline: Kubernetes' | patched |\n")
+	w.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, row := range r.SchedulerRows() {
+		fmt.Fprintf(&w, "| %s | %s / %s | %s / %s | %s / %s | %s / %s | %s | %s | %s | %s | %s |\n", row.Mode,
+			ms(row.Wait[0].P50), ms(row.Wait[0].P90), ms(row.Wait[1].P50), ms(row.Wait[1].P90),
+			ms(row.Total[0].P50), ms(row.Total[0].P90), ms(row.Total[1].P50), ms(row.Total[1].P90),
+			x(Ratio(row.Total[1].P50, row.Total[0].P50)),
+			x(row.TotalVsInline[0][0]), x(row.TotalVsInline[1][0]), x(row.TotalVsInline[0][1]), x(row.TotalVsInline[1][1]))
+	}
+	return w.String()
+}
+
 // ShareTable is podvol's own part of a generic ephemeral volume's start-up.
 func ShareTable(r *Result) string {
 	var w strings.Builder
@@ -280,6 +296,16 @@ func Markdown(r *Result, m Meta) string {
 	p("pod created → Ready (p50). Claim created → bound holds the scheduler's choice of a node (claim created → node")
 	p("selected), the external-provisioner's queue and its PV, as well as podvol's CreateVolume; the breakdown below splits it.")
 	p("")
+	if len(r.SchedulerRows()) > 0 {
+		p("### The scheduler's floor, side by side")
+		p("")
+		p("*ephemeral* under Kubernetes' kube-scheduler and *ephemeral-watch* under the same kube-scheduler with volume")
+		p("binding's PreBind woken by claim and PV updates instead of polling every second")
+		p("(`tools/k8s/kube-scheduler-prebind-watch.patch`; the proposal: `docs/proposals/scheduler-prebind-watch.md`):")
+		p("")
+		w.WriteString(SchedulerTable(r))
+		p("")
+	}
 	p("### Phase by phase")
 	p("")
 	w.WriteString(PhaseTable(r))

@@ -45,13 +45,21 @@ type Cell struct {
 	Class string // StorageClass of Ephemeral and Persistent cells
 	// Inline marks the CSI inline volume (NoClaim).
 	Inline bool
-	What   string // one line for the report
+	// Scheduler is the kube-scheduler the cell runs with: "" is
+	// Kubernetes' own, PrebindWatch the patched one.
+	Scheduler string
+	What      string // one line for the report
 }
+
+// PrebindWatch is kube-scheduler built with tools/k8s/kube-scheduler-prebind-watch.patch:
+// volume binding's PreBind woken by claim and PV updates rather than a 1 s poll.
+const PrebindWatch = "kube-scheduler-prebind-watch"
 
 var cells = []Cell{
 	{Name: "emptyDir", Kind: NoClaim, What: "`emptyDir: {}`"},
 	{Name: "inline", Kind: NoClaim, Inline: true, What: "podvol CSI inline volume, `volumeAttributes: {size: 64Mi}` (ext4)"},
 	{Name: "ephemeral", Kind: Ephemeral, Class: "podvol", What: "generic ephemeral volume, class `podvol` (ext4), 64Mi"},
+	{Name: "ephemeral-watch", Kind: Ephemeral, Class: "podvol", Scheduler: PrebindWatch, What: "as *ephemeral*, with kube-scheduler's PreBind woken by claim updates instead of its 1 s poll (`tools/k8s/kube-scheduler-prebind-watch.patch`, built from the same module; every other cell runs Kubernetes' own kube-scheduler)"},
 	{Name: "ephemeral-xfs", Kind: Ephemeral, Class: "podvol-xfs", What: "generic ephemeral volume, class `podvol-xfs`, 64Mi asked (podvol makes 300Mi, xfs's least)"},
 	{Name: "persistent", Kind: Persistent, Class: "podvol", What: "PVC of class `podvol` (ext4), 64Mi, created and bound (selected-node set by the benchmark) before the pod"},
 }
@@ -81,7 +89,7 @@ func PhasesOf(k Kind) []Phase {
 	switch k {
 	case Ephemeral:
 		return append(append([]Phase{{"pod created → claim created", PodCreated, ClaimCreated}}, claim...),
-			Phase{"claim bound → pod scheduled", ClaimBound, PodScheduled},
+			ClaimBoundToScheduled,
 			Phase{"pod scheduled → Ready", PodScheduled, Ready})
 	case Persistent:
 		return append(claim,
@@ -287,6 +295,53 @@ func (r *Result) Shares() []ShareRow {
 			row.Share = Ratio(row.Podvol, row.Total)
 			rows = append(rows, row)
 		}
+	}
+	return rows
+}
+
+// ClaimBoundToScheduled is the wait in kube-scheduler's volume binding
+// PreBind after the claim is bound: the scheduler's floor.
+var ClaimBoundToScheduled = Phase{"claim bound → pod scheduled", ClaimBound, PodScheduled}
+
+// SchedulerRow compares the generic ephemeral volume under Kubernetes'
+// kube-scheduler (cell ephemeral) with the same under the patched one (cell
+// ephemeral-watch), in one mode.
+type SchedulerRow struct {
+	Mode string
+	// Wait is claim bound → pod scheduled, Total pod created → Ready, each
+	// {Kubernetes' scheduler, patched}.
+	Wait, Total [2]Stats
+	// TotalVsInline is each total's {p50, p90} over the inline volume's.
+	TotalVsInline [2][2]float64
+}
+
+// SchedulerRows is SchedulerRow for each mode, if both cells ran.
+func (r *Result) SchedulerRows() []SchedulerRow {
+	var stock, watch *Cell
+	for i, c := range r.Cells {
+		if c.Kind != Ephemeral || c.Class != "podvol" {
+			continue
+		}
+		switch c.Scheduler {
+		case "":
+			stock = &r.Cells[i]
+		case PrebindWatch:
+			watch = &r.Cells[i]
+		}
+	}
+	if stock == nil || watch == nil {
+		return nil
+	}
+	var rows []SchedulerRow
+	for _, m := range r.Modes {
+		in := r.TotalStats("inline", m.Name)
+		row := SchedulerRow{Mode: m.Name}
+		for i, c := range []*Cell{stock, watch} {
+			row.Wait[i] = Summarize(r.Durations(Key{c.Name, m.Name}, ClaimBoundToScheduled))
+			row.Total[i] = r.TotalStats(c.Name, m.Name)
+			row.TotalVsInline[i] = [2]float64{Ratio(row.Total[i].P50, in.P50), Ratio(row.Total[i].P90, in.P90)}
+		}
+		rows = append(rows, row)
 	}
 	return rows
 }

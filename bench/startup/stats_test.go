@@ -59,6 +59,7 @@ func testResult() *Result {
 			sample("emptyDir", m, 0, -1, -1, -1, -1, 200, 1000),
 			sample("inline", m, 0, -1, -1, -1, -1, 200, 1500),
 			sample("ephemeral", m, 0, 100, 300, 500, 600, 1600, 3000),
+			sample("ephemeral-watch", m, 0, 100, 300, 500, 600, 650, 2000),
 			sample("ephemeral-xfs", m, 0, 100, 300, 700, 800, 1800, 4000),
 			sample("persistent", m, 2000, 0, 100, 300, 400, 2200, 3400),
 		)
@@ -70,7 +71,7 @@ func testResult() *Result {
 func TestBreakdownFollowsEachKindsPhases(t *testing.T) {
 	r := testResult()
 	got := map[string]time.Duration{}
-	for _, row := range r.Breakdown(cells[2], "one at a time") {
+	for _, row := range r.Breakdown(cell(t, "ephemeral"), "one at a time") {
 		got[row.Phase.Name] = row.Stats.P50
 	}
 	want := map[string]time.Duration{
@@ -87,14 +88,14 @@ func TestBreakdownFollowsEachKindsPhases(t *testing.T) {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
 		}
 	}
-	rows := r.Breakdown(cells[4], "one at a time")
+	rows := r.Breakdown(cell(t, "persistent"), "one at a time")
 	if rows[0].Phase.Name != "claim created → node selected" || InPodStartup(Persistent, rows[0].Phase) {
 		t.Errorf("persistent's first phase %+v should be its claim's, before the pod", rows[0])
 	}
 	if p := rows[3].Phase; p.Name != "pod created → pod scheduled" || !InPodStartup(Persistent, p) || rows[3].Stats.P50 != 200*time.Millisecond {
 		t.Errorf("persistent's pod phase %+v", rows[3])
 	}
-	if len(r.Breakdown(cells[0], "one at a time")) != 3 {
+	if len(r.Breakdown(cell(t, "emptyDir"), "one at a time")) != 3 {
 		t.Error("emptyDir: want scheduled, Ready and the total")
 	}
 }
@@ -117,13 +118,48 @@ func TestRatiosAgainstEmptyDirAndInline(t *testing.T) {
 
 func TestShareIsClaimToBoundPlusStageAndPublish(t *testing.T) {
 	shares := testResult().Shares()
-	if len(shares) != 4 { // two ephemeral cells, two modes
-		t.Fatalf("%d share rows, want 4", len(shares))
+	if len(shares) != 6 { // three ephemeral cells, two modes
+		t.Fatalf("%d share rows, want 6", len(shares))
 	}
 	s := shares[0]
 	if s.Cell != "ephemeral" || s.ClaimToBound.P50 != 500*time.Millisecond || s.Stage != 300*time.Millisecond ||
 		s.Publish != 100*time.Millisecond || s.Create != 200*time.Millisecond || s.Podvol != 900*time.Millisecond || s.Share != .3 {
 		t.Errorf("share %+v", s)
+	}
+}
+
+func cell(t *testing.T, name string) Cell {
+	t.Helper()
+	for _, c := range cells {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no cell %q", name)
+	return Cell{}
+}
+
+// The side-by-side rows pair the ext4 generic ephemeral cell under each
+// scheduler, and exist only when both ran.
+func TestSchedulerRowsPairTheTwoSchedulers(t *testing.T) {
+	r := testResult()
+	rows := r.SchedulerRows()
+	if len(rows) != 2 {
+		t.Fatalf("%d rows, want one a mode", len(rows))
+	}
+	row := rows[0]
+	if row.Wait[0].P50 != time.Second || row.Wait[1].P50 != 50*time.Millisecond ||
+		row.Total[0].P50 != 3*time.Second || row.Total[1].P50 != 2*time.Second ||
+		row.TotalVsInline[0] != [2]float64{2, 2} || row.TotalVsInline[1][0] != 2.0/1.5 {
+		t.Errorf("row %+v", row)
+	}
+	r.Cells = []Cell{cell(t, "inline"), cell(t, "ephemeral")}
+	if got := r.SchedulerRows(); got != nil {
+		t.Errorf("without ephemeral-watch: %+v", got)
+	}
+	md := Markdown(testResult(), Meta{Date: t0, Pods: 1})
+	if !strings.Contains(md, "| one at a time | 1.00s / 1.00s | 0.05s / 0.05s | 3.00s / 3.00s | 2.00s / 2.00s | 0.67× | 2.00× | 1.33× | 2.00× | 1.33× |") {
+		t.Errorf("markdown lacks the side-by-side row:\n%s", md)
 	}
 }
 
@@ -196,7 +232,7 @@ func TestRenderings(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(pods)), "\n")
-	if len(lines) != 11 || lines[0] != "cell,mode,round,pod,node,pod_created_ms,claim_created_ms,node_selected_ms,pv_created_ms,claim_bound_ms,pod_scheduled_ms,ready_ms" {
+	if len(lines) != 13 || lines[0] != "cell,mode,round,pod,node,pod_created_ms,claim_created_ms,node_selected_ms,pv_created_ms,claim_bound_ms,pod_scheduled_ms,ready_ms" {
 		t.Errorf("pods CSV:\n%s", pods)
 	}
 	if !strings.Contains(string(pods), "persistent,one at a time,0,persistent,,0,-2000,-1900,-1700,-1600,200,1400") {

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -71,9 +74,49 @@ func (c *Cluster) startControllers() error {
 	if err != nil {
 		return err
 	}
-	return c.startProcess("kube-scheduler", nil, c.bins["kube-scheduler"],
+	// Up puts the built kube-scheduler back if `make bench-startup` left
+	// another one running.
+	return c.UseScheduler(c.bins["kube-scheduler"])
+}
+
+// UseScheduler makes bin the cluster's kube-scheduler, with the same flags
+// whichever binary it is: if another binary runs, it is stopped by its PID
+// first. It returns once the new scheduler reports healthy. `make
+// bench-startup` runs Kubernetes' and a patched one side by side this way.
+func (c *Cluster) UseScheduler(bin string) error {
+	want, err := filepath.EvalSymlinks(bin)
+	if err != nil {
+		return fmt.Errorf("kube-scheduler binary: %w", err)
+	}
+	if pid, ok := c.running("kube-scheduler"); ok {
+		if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe == want {
+			return nil
+		}
+		if err := c.stopProcess("kube-scheduler", 30*time.Second); err != nil {
+			return err
+		}
+	}
+	k := c.Kubeconfig()
+	err = c.startProcess("kube-scheduler", nil, want,
 		"--kubeconfig="+k, "--authentication-kubeconfig="+k, "--authorization-kubeconfig="+k,
 		"--bind-address=127.0.0.1", "--secure-port=10259", "--leader-elect=false")
+	if err != nil {
+		return err
+	}
+	return waitFor("kube-scheduler (logs/kube-scheduler.log)", time.Minute, func() error { return httpOK("https://127.0.0.1:10259/healthz") })
+}
+
+// KubernetesBinary returns the path of one of the binaries
+// tools/k8s/build.sh builds (building it if it is not cached), such as
+// kube-scheduler or kube-scheduler-prebind-watch.
+func (c *Cluster) KubernetesBinary(ctx context.Context, name string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.Repo, "tools", "k8s", "build.sh"), name)
+	cmd.Stderr = c.Out
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("tools/k8s/build.sh %s: %w (its output above says why)", name, err)
+	}
+	return filepath.Join(strings.TrimSpace(string(out)), name), nil
 }
 
 func (c *Cluster) kubectl(ctx context.Context, args ...string) (string, error) {
