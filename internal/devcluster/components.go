@@ -103,7 +103,18 @@ func (c *Cluster) UseScheduler(bin string) error {
 	if err != nil {
 		return err
 	}
-	return waitFor("kube-scheduler (logs/kube-scheduler.log)", time.Minute, func() error { return httpOK("https://127.0.0.1:10259/healthz") })
+	// /readyz, not /healthz: only the former waits for the informers'
+	// handlers to sync, before which the scheduler places nothing.
+	err = waitFor("kube-scheduler (logs/kube-scheduler.log)", time.Minute, func() error { return httpOK("https://127.0.0.1:10259/readyz") })
+	if err != nil {
+		return err
+	}
+	// An old scheduler nobody recorded would answer for a new one that
+	// could not listen.
+	if _, ok := c.running("kube-scheduler"); !ok {
+		return fmt.Errorf("kube-scheduler %s exited after it started (logs/kube-scheduler.log says why)", want)
+	}
+	return nil
 }
 
 // KubernetesBinary returns the path of one of the binaries

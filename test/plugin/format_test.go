@@ -1,6 +1,7 @@
 package plugin_test
 
 import (
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -14,7 +15,7 @@ import (
 func blkid(t *testing.T, path string) (fsType, uuid string) {
 	t.Helper()
 	out, err := exec.Command("blkid", "-p", "-o", "export", path).Output()
-	if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 2 {
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) && ee.ExitCode() == 2 {
 		return "", ""
 	}
 	if err != nil {

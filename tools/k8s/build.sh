@@ -50,8 +50,11 @@ if [ -n "$PREBIND_WATCH" ]; then
   stamp=$OUT/.kube-scheduler-prebind-watch.patch
   cmp -s kube-scheduler-prebind-watch.patch "$stamp" || rm -f "$bin"
   if [ ! -x "$bin" ]; then
+    go mod download k8s.io/kubernetes
     mod=$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)
     tree=$OUT/.kube-scheduler-prebind-watch
+    # A copy cut short keeps the module cache's read-only directories.
+    [ ! -e "$tree" ] || chmod -R u+w "$tree"
     rm -rf "$tree"
     mkdir -p "$tree"
     cp -as "$mod" "$tree/kubernetes"
