@@ -27,9 +27,9 @@ deps:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PACKAGES) >/dev/null
 
-# A real single-node Kubernetes with podvol deployed, and a walk through every
+# A real Kubernetes of three nodes with podvol deployed, and a walk through every
 # volume lifecycle. The first run builds Kubernetes and the CSI sidecars from
-# Go modules (~20 minutes on 2 cores; cached afterwards).
+# Go modules (22 minutes on 2 cores, measured; cached afterwards).
 demo: deps
 	$(GO) build -o bin/podvol-dev ./cmd/podvol-dev
 	bin/podvol-dev demo
