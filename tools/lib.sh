@@ -20,7 +20,10 @@ cache_dir() {
 # and then find it cached.
 lock_cache() {
   exec 9>"$1"
-  flock 9
+  if ! flock -n 9; then
+    echo "waiting for another build that holds $1 (.ci/run starts some in the background)..." >&2
+    flock 9
+  fi
 }
 
 # module_version MODULE: the version the current directory's go.mod
