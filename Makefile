@@ -82,11 +82,11 @@ test: check fuzz
 
 # A bounded run of the native fuzz targets over request sizes and size
 # quantities (their seed corpus also runs in every go test). A failure is
-# written to internal/driver/testdata/fuzz/: keep it as a regression input.
+# written to internal/size/testdata/fuzz/: keep it as a regression input.
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzSizeFor$$' -fuzztime $(FUZZTIME) ./internal/driver/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseQuantitySize$$' -fuzztime $(FUZZTIME) ./internal/driver/
+	$(GO) test -run '^$$' -fuzz '^FuzzSizeFor$$' -fuzztime $(FUZZTIME) ./internal/size/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseQuantitySize$$' -fuzztime $(FUZZTIME) ./internal/size/
 
 clean:
 	rm -rf bin

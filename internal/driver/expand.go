@@ -32,7 +32,7 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 }
 
 // expandSize is the size a volume grows to: required bytes rounded up like a
-// new volume's, never beyond maxVolumeSize (OUT_OF_RANGE). Whether this
+// new volume's, never beyond size.Max (OUT_OF_RANGE). Whether this
 // node's pool can hold it is NodeExpandVolume's question (the pool's
 // capacity check, RESOURCE_EXHAUSTED with the numbers, before it records).
 func expandSize(r *csi.CapacityRange) (int64, error) {
