@@ -1,7 +1,6 @@
 package driver
 
 import (
-	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -175,26 +174,13 @@ func sizeFor(r *csi.CapacityRange, fsType string) (int64, error) {
 // sizeUpTo is size.UpTo on a CSI capacity range, its refusal a CSI status.
 func sizeUpTo(r *csi.CapacityRange, fsType string, maxSize int64) (int64, error) {
 	n, err := size.UpTo(r.GetRequiredBytes(), r.GetLimitBytes(), fsType, maxSize)
-	return n, sizeStatus(err)
+	return n, toStatus(err)
 }
 
 // parseQuantitySize is size.ParseQuantity, its refusal a CSI status.
 func parseQuantitySize(s string) (int64, error) {
 	n, err := size.ParseQuantity(s)
-	return n, sizeStatus(err)
-}
-
-// sizeStatus maps package size's refusals to their CSI codes.
-func sizeStatus(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, size.ErrOutOfRange):
-		return status.Error(codes.OutOfRange, err.Error())
-	case errors.Is(err, size.ErrInvalid):
-		return status.Error(codes.InvalidArgument, err.Error())
-	}
-	return status.Error(codes.Internal, err.Error())
+	return n, toStatus(err)
 }
 
 // topologyAllows reports whether a request's accessibility requirements admit

@@ -66,7 +66,7 @@ func FuzzSizeFor(f *testing.F) {
 		fs := fuzzFsTypes[int(fsSel)%len(fuzzFsTypes)]
 		got, err := UpTo(req, lim, fs, maxSize)
 		if err != nil {
-			if !errors.Is(err, ErrOutOfRange) {
+			if !errors.Is(err, pool.ErrOutOfRange) {
 				t.Fatalf("UpTo(%d, %d, %q, max %d): %v, not out of range", req, lim, fs, maxSize, err)
 			}
 		} else {
@@ -109,7 +109,7 @@ func FuzzParseQuantitySize(f *testing.F) {
 			t.Fatalf("ParseQuantity(%q) took %s", s, d)
 		}
 		if err != nil {
-			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrOutOfRange) {
+			if !errors.Is(err, pool.ErrInvalid) && !errors.Is(err, pool.ErrOutOfRange) {
 				t.Fatalf("ParseQuantity(%q): %v, neither invalid nor out of range", s, err)
 			}
 			return

@@ -24,6 +24,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -44,6 +45,9 @@ type driver struct {
 	// focus and skip select the suite's test patterns this run is for: the
 	// other runs take the rest (a partition, not a skip).
 	focus, skip string
+	// exact, when set (-focus), are the only specs the run selects, by
+	// their full names.
+	exact []string
 }
 
 var drivers = []driver{
@@ -53,15 +57,16 @@ var drivers = []driver{
 	// run ~15): the specs mostly wait on pods and polls, so two processes
 	// halve the wall time.
 	{name: "ext4-snapshots", def: "ext4", focus: `Snapshot`, skip: `\(block volmode\)`},
-	{name: "ext4", def: "ext4", skip: `\(block volmode\)|Snapshot`},
+	{name: "ext4-rest", def: "ext4", skip: `\(block volmode\)|Snapshot`},
 	{name: "xfs-snapshots", def: "xfs", focus: `Snapshot`, skip: `\(block volmode\)`},
-	{name: "xfs", def: "xfs", skip: `\(block volmode\)|Snapshot`},
+	{name: "xfs-rest", def: "xfs", skip: `\(block volmode\)|Snapshot`},
 	{name: "block", def: "block", focus: `\(block volmode\)`},
 	{name: "inline", def: "inline"},
 }
 
-// narrow is -focus: it narrows every definition's selection further.
-var narrow string
+// narrow is -focus: the runs select only the specs of their part of the
+// suite whose names it matches.
+var narrow *regexp.Regexp
 
 // machineSkips are the only specs not run, by exact name, because this
 // machine cannot run them (README, "Conformance"). Keyed by definition.
@@ -102,7 +107,7 @@ var knownCaps = strings.Fields("persistence block fsGroup volumeMountGroup exec 
 func main() {
 	here := filepath.Join(devcluster.RepoRoot(), "test", "conformance")
 	slow := flag.Bool("slow", false, "run the [Slow] specs instead of the others")
-	only := flag.String("drivers", "", "comma-separated runs (ext4-snapshots, ext4, xfs-snapshots, xfs, block, inline) or definitions (ext4: both its runs) to run (default: all)")
+	only := flag.String("drivers", "", "comma-separated runs (ext4-snapshots, ext4-rest, xfs-snapshots, xfs-rest, block, inline) or definitions (ext4: both its runs) to run (default: all)")
 	reports := flag.String("reports", "/var/lib/podvol-conformance", "where each driver's JUnit report and log are kept")
 	keep := flag.Bool("keep", os.Getenv("PODVOL_E2E_KEEP") != "", "leave the dev cluster up afterwards")
 	parallel := flag.Int("parallel", len(drivers), "runs at once (each is one e2e.test process, its specs one after another)")
@@ -110,8 +115,19 @@ func main() {
 	report := flag.Bool("summary", false, "print the summary of the last run from -reports, and exit")
 	list := flag.Bool("list", false, "list the specs each definition would run, and exit (no cluster)")
 	pool := flag.String("pool-size", "60Gi", "node 1's pool when this run brings the dev cluster up (node 2's is 2/3 of it, node 3's 1/3)")
-	flag.StringVar(&narrow, "focus", "", "a regular expression the spec text must match too (to re-run one failed spec)")
+	focus := flag.String("focus", "", "run only the specs whose names match this regular expression (to re-run one failed spec: paste its name from the summary)")
 	flag.Parse()
+	if *focus != "" {
+		re, err := regexp.Compile(*focus)
+		if err != nil {
+			fail("-focus: %v", err)
+		}
+		narrow = re
+	}
+	size, err := resource.ParseQuantity(*pool)
+	if err != nil || size.Sign() <= 0 {
+		fail("-pool-size %q: a quantity above zero, like 60Gi", *pool)
+	}
 	if os.Geteuid() != 0 && !*list {
 		fail("the dev cluster runs a kubelet and containerd: run as root")
 	}
@@ -125,9 +141,10 @@ func main() {
 		for _, n := range strings.Split(*only, ",") {
 			found := false
 			for _, d := range drivers {
-				if d.name == n || d.def == n {
-					selected, found = append(selected, d), true
+				if (d.name == n || d.def == n) && !slices.ContainsFunc(selected, func(s driver) bool { return s.name == d.name }) {
+					selected = append(selected, d)
 				}
+				found = found || d.name == n || d.def == n
 			}
 			if !found {
 				fail("unknown driver definition %q", n)
@@ -157,18 +174,21 @@ func main() {
 	repoList := filepath.Join(here, "repo-list.yaml")
 	fmt.Fprintf(os.Stderr, "   built or cached in %s\n", time.Since(start).Round(time.Second))
 
+	if narrow != nil {
+		if selected, err = narrowRuns(ctx, e2e, here, repoList, selected, *slow); err != nil {
+			fail("%v", err)
+		}
+	}
+
 	if *list {
 		for _, d := range selected {
-			args := suiteArgs(d, filepath.Join(here, d.def+".yaml"), repoList, *slow)
-			out, err := run(ctx, e2e, append(args, "--ginkgo.dry-run", "--ginkgo.v", "--ginkgo.no-color", "--kubeconfig=/dev/null")...)
+			names, err := listSpecs(ctx, e2e, here, repoList, d, *slow)
 			if err != nil {
-				fail("%s: %v\n%s", d.name, err, out)
+				fail("%v", err)
 			}
 			fmt.Printf("== %s\n", d.name)
-			for _, l := range strings.Split(out, "\n") {
-				if strings.HasPrefix(l, "External Storage") {
-					fmt.Println(l)
-				}
+			for _, n := range names {
+				fmt.Println(n)
 			}
 		}
 		return
@@ -181,15 +201,13 @@ func main() {
 	// node, and a restore or a growth there then waits for room until its
 	// spec times out (seen: 2 specs, 15 minutes each). The pool images are
 	// sparse: a larger pool costs only what is written.
-	size, err := resource.ParseQuantity(*pool)
-	if err != nil {
-		fail("-pool-size %q: %v", *pool, err)
-	}
 	cluster := devcluster.New(devcluster.Config{Out: os.Stderr, PoolSize: size.Value()})
 	wasUp := cluster.Running()
-	if smallest := smallestPool(cluster); wasUp && smallest < size.Value()/3 {
-		fmt.Fprintf(os.Stderr, "== note: the running dev cluster's smallest pool is %d GiB; specs may time out waiting for room there (make down, then run again: a cluster this run brings up has pools of %s, 2/3 and 1/3 of it)\n",
-			smallest>>30, size.String())
+	// A cluster's pools are made once: a cluster that exists (running or
+	// not) keeps the sizes it was made with.
+	if smallest, want := smallestPool(cluster), size.Value()/int64(max(len(cluster.Nodes), 1))>>30<<30; smallest < want {
+		fmt.Fprintf(os.Stderr, "== note: the dev cluster exists with a smallest pool of %d GiB, not %d: specs may time out waiting for room there (make down, then run again to make pools of %s, 2/3 and 1/3 of it)\n",
+			smallest>>30, want>>30, size.String())
 	}
 	code := 0
 	var err2 error
@@ -292,15 +310,69 @@ func conformance(ctx context.Context, cluster *devcluster.Cluster, e2e, bin, rep
 	return code
 }
 
-// machineSkipped counts the machine's skips in this run's part of the suite.
+// machineSkipped counts the machine's skips in this run's part of the suite
+// (and -focus's).
 func (d driver) machineSkipped() int {
 	n := 0
 	for name := range machineSkips[d.def] {
-		if regexp.MustCompile(d.focus).MatchString(name) && (d.skip == "" || !regexp.MustCompile(d.skip).MatchString(name)) {
+		if regexp.MustCompile(d.focus).MatchString(name) && (d.skip == "" || !regexp.MustCompile(d.skip).MatchString(name)) &&
+			(narrow == nil || narrow.MatchString(name)) {
 			n++
 		}
 	}
 	return n
+}
+
+// listSpecs lists the specs a run selects (a dry run of the suite), by name
+// without the labels Ginkgo appends.
+func listSpecs(ctx context.Context, e2e, here, repoList string, d driver, slow bool) ([]string, error) {
+	args := suiteArgs(d, filepath.Join(here, d.def+".yaml"), repoList, slow)
+	out, err := run(ctx, e2e, append(args, "--ginkgo.dry-run", "--ginkgo.v", "--ginkgo.no-color", "--kubeconfig=/dev/null")...)
+	if err != nil {
+		return nil, fmt.Errorf("listing the specs of run %s: %w\n%s", d.name, err, out)
+	}
+	var names []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "External Storage") {
+			names = append(names, specName(l))
+		}
+	}
+	return names, nil
+}
+
+// specName strips the labels Ginkgo appends to a spec's name in its output
+// and reports (" [Driver: podvol.io, Feature:...]").
+func specName(s string) string {
+	if i := strings.LastIndex(s, " [Driver: podvol.io"); i > len("External Storage [Driver: podvol.io]") {
+		return s[:i]
+	}
+	return s
+}
+
+// narrowRuns keeps, in each run, only the specs of its part of the suite
+// whose names -focus matches, by their exact names: a regular expression
+// cannot be ANDed with a run's own focus and skip, and this way the runs
+// still partition what is selected. A run left with none is dropped.
+func narrowRuns(ctx context.Context, e2e, here, repoList string, runs []driver, slow bool) ([]driver, error) {
+	var kept []driver
+	for _, d := range runs {
+		names, err := listSpecs(ctx, e2e, here, repoList, d, slow)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			if narrow.MatchString(n) {
+				d.exact = append(d.exact, n)
+			}
+		}
+		if len(d.exact) > 0 {
+			kept = append(kept, d)
+		}
+	}
+	if len(kept) == 0 {
+		return nil, fmt.Errorf("-focus %q matches no spec of the selected runs (go run ./test/conformance -list lists them)", narrow)
+	}
+	return kept, nil
 }
 
 // smallestPool is the smallest node pool of the cluster (0 if none is known).
@@ -322,9 +394,6 @@ func suiteArgs(d driver, def, repoList string, slow bool) []string {
 		focus += ".*" + d.focus
 	}
 	skip := []string{`\[Disruptive\]`, `\[Serial\]`}
-	if narrow != "" {
-		focus += ".*(?:" + narrow + ")"
-	}
 	if slow {
 		focus += `.*\[Slow\]`
 	} else {
@@ -341,6 +410,20 @@ func suiteArgs(d driver, def, repoList string, slow bool) []string {
 	for _, n := range names {
 		// Ginkgo matches "<suite description> <spec text>".
 		skip = append(skip, " "+regexp.QuoteMeta(n)+"$")
+	}
+	if len(d.exact) > 0 {
+		// Ginkgo matches "<suite description> <spec name>", the name's
+		// texts joined by one space where its output shows an empty
+		// container's two.
+		quoted := make([]string, len(d.exact))
+		for i, n := range d.exact {
+			words := strings.Fields(n)
+			for j, w := range words {
+				words[j] = regexp.QuoteMeta(w)
+			}
+			quoted[i] = strings.Join(words, `\s+`)
+		}
+		focus = " (?:" + strings.Join(quoted, "|") + ")$"
 	}
 	return []string{
 		"--storage.testdriver=" + def, "--kube-test-repo-list=" + repoList,
@@ -409,11 +492,7 @@ func summarize(d driver, def, dir string, took time.Duration) (string, bool) {
 	filtered := 0
 	for _, s := range r.Suites {
 		for _, c := range s.Cases {
-			name := strings.TrimPrefix(c.Name, "[It] ")
-			// Ginkgo appends the spec's labels.
-			if i := strings.LastIndex(name, " [Driver: podvol.io"); i > len("External Storage [Driver: podvol.io]") {
-				name = name[:i]
-			}
+			name := specName(strings.TrimPrefix(c.Name, "[It] "))
 			if !strings.HasPrefix(name, "External Storage") {
 				if c.Failure != nil || c.Error != nil {
 					failed = append(failed, c.Name+": "+firstLine(c.why()))
