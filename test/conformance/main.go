@@ -120,7 +120,8 @@ func main() {
 	if *focus != "" {
 		re, err := regexp.Compile(*focus)
 		if err != nil {
-			fail("-focus: %v", err)
+			// Not a regular expression: a name, as written.
+			re = regexp.MustCompile(regexp.QuoteMeta(*focus))
 		}
 		narrow = re
 	}
@@ -205,7 +206,7 @@ func main() {
 	wasUp := cluster.Running()
 	// A cluster's pools are made once: a cluster that exists (running or
 	// not) keeps the sizes it was made with.
-	if smallest, want := smallestPool(cluster), size.Value()/int64(max(len(cluster.Nodes), 1))>>30<<30; smallest < want {
+	if smallest, want := smallestPool(cluster), size.Value()/int64(max(len(cluster.Nodes), 1))>>30<<30; smallest > 0 && smallest < want {
 		fmt.Fprintf(os.Stderr, "== note: the dev cluster exists with a smallest pool of %d GiB, not %d: specs may time out waiting for room there (make down, then run again to make pools of %s, 2/3 and 1/3 of it)\n",
 			smallest>>30, want>>30, size.String())
 	}
@@ -316,7 +317,7 @@ func (d driver) machineSkipped() int {
 	n := 0
 	for name := range machineSkips[d.def] {
 		if regexp.MustCompile(d.focus).MatchString(name) && (d.skip == "" || !regexp.MustCompile(d.skip).MatchString(name)) &&
-			(narrow == nil || narrow.MatchString(name)) {
+			(narrow == nil || focused(name)) {
 			n++
 		}
 	}
@@ -349,6 +350,13 @@ func specName(s string) string {
 	return s
 }
 
+// focused reports whether -focus selects the spec of that name: its regular
+// expression matches, or it is part of the name as written (a name pasted
+// from the summary is full of brackets and parentheses).
+func focused(name string) bool {
+	return narrow.MatchString(name) || strings.Contains(strings.Join(strings.Fields(name), " "), strings.Join(strings.Fields(narrow.String()), " "))
+}
+
 // narrowRuns keeps, in each run, only the specs of its part of the suite
 // whose names -focus matches, by their exact names: a regular expression
 // cannot be ANDed with a run's own focus and skip, and this way the runs
@@ -361,7 +369,7 @@ func narrowRuns(ctx context.Context, e2e, here, repoList string, runs []driver, 
 			return nil, err
 		}
 		for _, n := range names {
-			if narrow.MatchString(n) {
+			if focused(n) {
 				d.exact = append(d.exact, n)
 			}
 		}
@@ -520,6 +528,12 @@ func summarize(d driver, def, dir string, took time.Duration) (string, bool) {
 	}
 	fmt.Fprintf(&b, "ran %d: passed %d, failed %d; skipped at run time %d (by the suite, reasons below); not selected %d\n",
 		len(passed)+len(failed), len(passed), len(failed), nSkipped, filtered)
+	if n := len(passed) + len(failed) + nSkipped; len(d.exact) > 0 && n != len(d.exact) {
+		// -focus listed these names: a focus that selects another number
+		// in the real run must not read as a pass.
+		fmt.Fprintf(&b, "  -focus chose %d specs by name, the suite selected %d: the names did not match as listed\n", len(d.exact), n)
+		bad = true
+	}
 	for _, f := range failed {
 		fmt.Fprintf(&b, "  FAILED %s\n", f)
 	}
