@@ -37,7 +37,11 @@ type Config struct {
 	// PoolSize is the size of the XFS image backing the first node's pool;
 	// each next node's is smaller.
 	PoolSize int64
-	Out      io.Writer
+	// NodeLossGrace, when set, replaces deploy/base's
+	// --node-loss-grace-period in the overlay, as an admin's patch would:
+	// the e2e run waits out a lost node's grace (5 minutes by default).
+	NodeLossGrace time.Duration
+	Out           io.Writer
 }
 
 // Cluster is one dev cluster.

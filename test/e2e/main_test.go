@@ -25,7 +25,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "the end-to-end tests run a kubelet and containerd: run them as root (make test does)")
 		os.Exit(1)
 	}
-	cluster = devcluster.New(devcluster.Config{Out: os.Stderr})
+	// A lost node's volumes are released after node-loss's grace period:
+	// 1 minute here rather than deploy/base's 5 (the same code path; a
+	// Lease lasts 40 s), as an admin's overlay would set it.
+	cluster = devcluster.New(devcluster.Config{Out: os.Stderr, NodeLossGrace: time.Minute})
 	wasUp := cluster.Running()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	err := cluster.Up(ctx)
