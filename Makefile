@@ -20,12 +20,15 @@ build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-controller ./cmd/podvol-controller
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-dev ./cmd/podvol-dev
 
-# Debian packages the tests and the dev cluster need (root).
+# Debian packages the tests and the dev cluster need (root). Only what is
+# missing is installed, so that make test can depend on it and still start
+# at once on a machine that has them.
 DEB_PACKAGES := gcc libc6-dev e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git qemu-system-x86
 deps:
-	@echo "== installing Debian packages: $(DEB_PACKAGES)"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PACKAGES) >/dev/null
+	@missing=; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then echo "== Debian packages: all installed"; else \
+	echo "== installing Debian packages:$$missing"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
 # A real Kubernetes of three nodes with podvol deployed, and a walk through every
 # volume lifecycle. The first run builds Kubernetes and the CSI sidecars from
@@ -76,8 +79,9 @@ check: vet lint
 
 # Everything: the checks above, then internal/device, csi-sanity (ext4, xfs,
 # block), the crash tests and the end-to-end tests, all with real loop devices
-# and mounts. Needs root.
-test: check fuzz
+# and mounts. Needs root; installs the Debian packages it needs (deps) first,
+# so that it runs on a fresh machine by itself.
+test: deps check fuzz
 	$(GO) test -count=1 -timeout 60m $(filter-out $(UNIT_PKGS),$(shell $(GO) list ./...))
 
 # A bounded run of the native fuzz targets over request sizes and size
