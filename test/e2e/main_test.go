@@ -53,27 +53,46 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestCluster runs the end-to-end tests on the dev cluster, in this order
-// (go test -run 'TestCluster/Inline' runs one). The order is written here,
-// not left to file names: the lost node comes last, since it stops a node
-// for over five minutes.
+// TestCluster runs the end-to-end tests on the dev cluster (go test -run
+// 'TestCluster/Namespaced/RawBlockVolume' runs one). The two that count
+// every image in the pools run first, alone; then, at once, the tests that
+// touch nothing outside their namespace (most of their time is spent
+// waiting on pods); then, one after another and in this order, those that
+// look at or change the whole cluster: the default class, pools filled,
+// every volume counted, nodes cordoned, drained and lost. The lost node
+// comes last: it stops a node for over node-loss's grace period.
 func TestCluster(t *testing.T) {
-	for _, c := range []struct {
+	type test struct {
 		name string
 		run  func(*testing.T)
-	}{
+	}
+	for _, c := range []test{
 		{"GenericEphemeral", testGenericEphemeral},
 		{"Inline", testInline},
-		{"PersistentSnapshotCloneResize", testPersistentSnapshotCloneResize},
-		{"RawBlockVolume", testRawBlockVolume},
-		{"Capacity", testCapacity},
-		{"ReadWriteOncePod", testReadWriteOncePod},
-		{"MetricsMatchVolumes", testMetricsMatchVolumes},
-		{"NonRootPodWritesWithFsGroup", testNonRootPodWritesWithFsGroup},
-		{"PodvolEphemeralController", testPodvolEphemeralController},
-		{"EphemeralCloneResetsOnDetach", testEphemeralCloneResetsOnDetach},
-		{"AdmissionPolicy", testAdmissionPolicy},
+	} {
+		t.Run(c.name, c.run)
+	}
+	t.Run("Namespaced", func(t *testing.T) {
+		for _, c := range []test{
+			{"PersistentSnapshotCloneResize", testPersistentSnapshotCloneResize},
+			{"RawBlockVolume", testRawBlockVolume},
+			{"ReadWriteOncePod", testReadWriteOncePod},
+			{"NonRootPodWritesWithFsGroup", testNonRootPodWritesWithFsGroup},
+			{"PodvolEphemeralController", testPodvolEphemeralController},
+			{"EphemeralCloneResetsOnDetach", testEphemeralCloneResetsOnDetach},
+			{"AdmissionPolicy", testAdmissionPolicy},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				c.run(t)
+			})
+		}
+	})
+	for _, c := range []test{
+		// It makes podvol's class the cluster's default for a while.
 		{"AdmissionPolicyGaps", testAdmissionPolicyGaps},
+		{"Capacity", testCapacity},
+		{"MetricsMatchVolumes", testMetricsMatchVolumes},
 		{"PerNodeRouting", testPerNodeRouting},
 		{"DrainWithSomewhereToGo", testDrainWithSomewhereToGo},
 		{"NodeLost", testNodeLost},
