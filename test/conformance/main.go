@@ -16,6 +16,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/xml"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,6 +36,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/podvol/podvol/internal/devcluster"
+	"github.com/podvol/podvol/internal/device"
 )
 
 // driver is one run of the suite: a test-driver definition and the part of
@@ -69,35 +71,93 @@ var drivers = []driver{
 var narrow *regexp.Regexp
 
 // machineSkips are the only specs not run, by exact name, because this
-// machine cannot run them (README, "Conformance"). Keyed by definition.
+// machine cannot run them (README, "Conformance"). Keyed by definition, then
+// by name, the reason.
 var machineSkips = map[string]map[string]string{}
 
-func skip(why string, drivers []string, names ...string) {
-	for _, d := range drivers {
-		if machineSkips[d] == nil {
-			machineSkips[d] = map[string]string{}
-		}
-		for _, n := range names {
-			machineSkips[d][n] = why
-		}
-	}
+// limit is something a host may withhold that some specs need.
+type limit string
+
+const (
+	// capSysResource: the kernel grows a mounted ext4 only for a process
+	// with CAP_SYS_RESOURCE in its effective set.
+	capSysResource limit = "CAP_SYS_RESOURCE"
+	// hostMountNS: a spec that nsenters PID 1's mount namespace.
+	hostMountNS limit = "/proc/1/ns/mnt"
+)
+
+// hostSkip is specs that cannot run on a host without lim.
+type hostSkip struct {
+	lim   limit
+	why   string
+	defs  []string
+	names []string
 }
 
-func init() {
-	const prefix = "External Storage [Driver: podvol.io] "
-	skip("the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts; this machine refuses that even to root",
-		[]string{"ext4", "xfs"}, prefix+"[Testpattern: Dynamic PV (filesystem volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]")
-	skip("the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts; this machine refuses that even to root",
-		[]string{"block"}, prefix+"[Testpattern: Dynamic PV (block volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]")
-	skip("online growth of a mounted ext4 needs CAP_SYS_RESOURCE, which root lacks on this machine: podvol refuses with FAILED_PRECONDITION and grows it at the next stage",
-		[]string{"ext4"},
-		prefix+"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited while pod is using it",
-		prefix+"[Testpattern: Generic Ephemeral-volume (default fs) (immediate-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs",
-		prefix+"[Testpattern: Generic Ephemeral-volume (default fs) (late-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs")
-	skip("kubelet (v1.37) calls NodeExpandVolume after NodePublishVolume, even for a pod not yet running, so podvol grows the published ext4 online, which needs CAP_SYS_RESOURCE, which root lacks on this machine (on a node with it, online growth works)",
-		[]string{"ext4"},
-		prefix+"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
-		prefix+"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited and the pod is re-created on the same node after controller resize is finished")
+const specPrefix = "External Storage [Driver: podvol.io] "
+
+var hostSkips = []hostSkip{
+	{hostMountNS, "the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts",
+		[]string{"ext4", "xfs"}, []string{specPrefix + "[Testpattern: Dynamic PV (filesystem volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]"}},
+	{hostMountNS, "the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts",
+		[]string{"block"}, []string{specPrefix + "[Testpattern: Dynamic PV (block volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]"}},
+	{capSysResource, "online growth of a mounted ext4 needs CAP_SYS_RESOURCE: without it podvol refuses with FAILED_PRECONDITION and grows it at the next stage",
+		[]string{"ext4"}, []string{
+			specPrefix + "[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited while pod is using it",
+			specPrefix + "[Testpattern: Generic Ephemeral-volume (default fs) (immediate-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs",
+			specPrefix + "[Testpattern: Generic Ephemeral-volume (default fs) (late-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs"}},
+	{capSysResource, "kubelet (v1.37) calls NodeExpandVolume after NodePublishVolume, even for a pod not yet running, so podvol grows the published ext4 online, which needs CAP_SYS_RESOURCE (on a node with it, online growth works)",
+		[]string{"ext4"}, []string{
+			specPrefix + "[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
+			specPrefix + "[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited and the pod is re-created on the same node after controller resize is finished"}},
+}
+
+// skipsFor is machineSkips for a host on which missing says, for each
+// limit, why the host lacks it (nil: it has it). A limit not probed counts
+// as missing: a spec that cannot run here must not fail the run.
+func skipsFor(missing map[limit]error) map[string]map[string]string {
+	skips := map[string]map[string]string{}
+	for _, s := range hostSkips {
+		err, probed := missing[s.lim]
+		if probed && err == nil {
+			continue
+		}
+		if !probed {
+			err = errors.New("not probed")
+		}
+		for _, d := range s.defs {
+			if skips[d] == nil {
+				skips[d] = map[string]string{}
+			}
+			for _, n := range s.names {
+				skips[d][n] = fmt.Sprintf("%s; this host: %v", s.why, err)
+			}
+		}
+	}
+	return skips
+}
+
+// probeHost finds which limits this host has, as the csi-sanity ext4 run
+// does for CAP_SYS_RESOURCE. The dev cluster's nodes are processes of this
+// host, so what the runner (root) may do, the plugin and the suite's
+// privileged host-exec pods may too.
+func probeHost() map[limit]error {
+	found := map[limit]error{capSysResource: nil, hostMountNS: nil}
+	if !device.HasCapability(device.CapSysResource) {
+		found[capSysResource] = errors.New("CAP_SYS_RESOURCE is not in the effective set (CapEff in /proc/self/status), even for root")
+	}
+	// The spec runs nsenter --mount=/proc/1/ns/mnt in a hostPID pod: open
+	// it, then enter it as nsenter does (a Go process cannot: setns of a
+	// mount namespace refuses a multi-threaded caller).
+	if f, err := os.Open("/proc/1/ns/mnt"); err != nil {
+		found[hostMountNS] = err
+	} else {
+		_ = f.Close()
+		if out, err := exec.Command("nsenter", "--mount=/proc/1/ns/mnt", "--", "true").CombinedOutput(); err != nil {
+			found[hostMountNS] = fmt.Errorf("nsenter --mount=/proc/1/ns/mnt: %v: %s", err, strings.TrimSpace(string(out)))
+		}
+	}
+	return found
 }
 
 // capabilities the suite (v1.37.2, test/e2e/storage/framework) knows: a key
@@ -117,6 +177,7 @@ func main() {
 	pool := flag.String("pool-size", "60Gi", "node 1's pool when this run brings the dev cluster up (node 2's is 2/3 of it, node 3's 1/3)")
 	focus := flag.String("focus", "", "run only the specs whose names match this regular expression (to re-run one failed spec: paste its name from the summary)")
 	flag.Parse()
+	machineSkips = skipsFor(probeHost())
 	if *focus != "" {
 		re, err := regexp.Compile(*focus)
 		if err != nil {
