@@ -170,23 +170,33 @@ func summarize(in io.Reader, out io.Writer, require []string, goTestErr func() e
 		case e.Action == "pass" || e.Action == "fail" || e.Action == "skip":
 			p := get(e.Package)
 			p.done, p.build = e.Action, e.FailedBuild != ""
-			p.print(out)
+			p.print(out, p.done == "fail")
 		}
 	}
 	if err := sc.Err(); err != nil {
 		fmt.Fprintf(out, "testsummary: reading go test's output: %v\n", err)
 	}
+	// go test stopped (interrupted, killed) before these finished: what
+	// they printed may say why.
+	for _, path := range order {
+		if p := pkgs[path]; p.done == "" {
+			fmt.Fprintf(out, "%s did not finish; its output:\n", path)
+			p.print(out, true)
+		}
+	}
 	return report(out, pkgs, order, require, goTestErr())
 }
 
-// print writes what go test without -json writes for a finished package.
-func (p *pkg) print(out io.Writer) {
+// print writes what go test without -json writes for a finished package:
+// its ok line, or, when it failed, its output less the passing and skipped
+// tests'.
+func (p *pkg) print(out io.Writer, failed bool) {
 	for _, l := range p.lines {
 		if l.test == "" && (strings.HasPrefix(l.text, "ok ") || strings.HasPrefix(l.text, "?   ")) {
 			fmt.Fprint(out, l.text)
 			continue
 		}
-		if p.done != "fail" {
+		if !failed {
 			continue
 		}
 		if r := p.result[l.test]; l.test != "" && (r == "pass" || r == "skip") {

@@ -120,6 +120,38 @@ func TestTimeoutShown(t *testing.T) {
 	after(t, out, `ok  \tgithub.com/podvol/podvol/internal/ok`, "FAIL github.com/podvol/podvol/test/e2e: TestLifecycle (no result: it was running when the package failed)")
 }
 
+// go test stopped (interrupted) with a package running: its output so far
+// is shown, and the package is a failure.
+func TestUnfinishedPackageShown(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "timeout.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		// The e2e package's end: its FAIL line and its fail event.
+		if strings.Contains(l, `"Package":"github.com/podvol/podvol/test/e2e"`) && (strings.Contains(l, `"Action":"fail"`) || strings.Contains(l, `FAIL\t`)) {
+			continue
+		}
+		kept = append(kept, l)
+	}
+	var b strings.Builder
+	ok := summarize(strings.NewReader(strings.Join(kept, "\n")), &b, nil, func() error { return errors.New("signal: interrupt") })
+	out := b.String()
+	t.Logf("summary:\n%s", out)
+	if ok {
+		t.Error("an interrupted run passed")
+	}
+	for _, w := range []string{"github.com/podvol/podvol/test/e2e did not finish", "waiting for pod podvol-e2e/writer", "FAIL github.com/podvol/podvol/test/e2e: no result (go test stopped before it finished)"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q", w)
+		}
+	}
+	if strings.Contains(out, "e2e_test.go:14: ok") {
+		t.Error("a passing test's output is shown")
+	}
+}
+
 // go test's exit status counts even when its stream shows no failure (a
 // bad flag, a package that does not exist).
 func TestGoTestExitStatus(t *testing.T) {
