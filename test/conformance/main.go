@@ -172,7 +172,7 @@ func probeHost() map[limit]error {
 	} else {
 		_ = f.Close()
 		if out, err := exec.Command("nsenter", "--mount=/proc/1/ns/mnt", "--", "true").CombinedOutput(); err != nil {
-			found[hostMountNS] = fmt.Errorf("nsenter --mount=/proc/1/ns/mnt: %v: %s", err, strings.TrimSpace(string(out)))
+			found[hostMountNS] = fmt.Errorf("nsenter --mount=/proc/1/ns/mnt: %w: %s", err, strings.TrimSpace(string(out)))
 		}
 	}
 	return found
