@@ -72,17 +72,26 @@ CHECK_TMPDIR ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo
 lint:
 	@lint=$$(GO='$(GO)' tools/lint/build.sh) && echo "$$lint run ./..." && "$$lint" run ./...
 
+# go test runs through test/internal/testsummary: it prints go test -json's
+# stream as go test without -json would, then every skipped test with its
+# reason and every failure again (a skipped package otherwise reads as "ok").
+# It fails as go test does, and when a package given to -require-run skipped
+# a test: .ci/run sets PODVOL_REQUIRE_MICROVM=1, as make deps installed QEMU
+# there, so test/microvm must run.
+TEST_SUMMARY = $(GO) run ./test/internal/testsummary
+REQUIRE_MICROVM = $(if $(filter 1,$(PODVOL_REQUIRE_MICROVM)),-require-run ./test/microvm)
+
 # Quick checks that need no root: gofmt, go vet, golangci-lint, and the unit
 # tests with -race.
 check: vet lint
-	CGO_ENABLED=1 TMPDIR=$(CHECK_TMPDIR) $(GO) test -race -count=1 -timeout 5m $(UNIT_PKGS)
+	$(TEST_SUMMARY) -- env CGO_ENABLED=1 TMPDIR=$(CHECK_TMPDIR) $(GO) test -json -race -count=1 -timeout 5m $(UNIT_PKGS)
 
 # Everything: the checks above, then internal/device, csi-sanity (ext4, xfs,
 # block), the crash tests and the end-to-end tests, all with real loop devices
 # and mounts. Needs root; installs the Debian packages it needs (deps) first,
 # so that it runs on a fresh machine by itself.
 test: deps check fuzz
-	$(GO) test -count=1 -timeout 60m $(filter-out $(UNIT_PKGS),$(shell $(GO) list ./...))
+	$(TEST_SUMMARY) $(REQUIRE_MICROVM) -- $(GO) test -json -count=1 -timeout 60m $(filter-out $(UNIT_PKGS),$(shell $(GO) list ./...))
 
 # A bounded run of the native fuzz targets over request sizes and size
 # quantities (their seed corpus also runs in every go test). A failure is

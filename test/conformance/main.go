@@ -16,6 +16,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/xml"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,6 +36,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/podvol/podvol/internal/devcluster"
+	"github.com/podvol/podvol/internal/device"
 )
 
 // driver is one run of the suite: a test-driver definition and the part of
@@ -45,6 +47,14 @@ type driver struct {
 	// focus and skip select the suite's test patterns this run is for: the
 	// other runs take the rest (a partition, not a skip).
 	focus, skip string
+	// floor and slowFloor are the fewest specs the run must run (passed
+	// or failed, not skipped), without and with -slow: fewer means a
+	// pattern stopped matching or a capability was dropped from a
+	// definition, and the run fails. They are what the run ran when last
+	// measured (README, Conformance) on a host with both limits below
+	// (a host without them runs more). Change them on purpose, with the
+	// run that shows the new count; 0: not measured yet.
+	floor, slowFloor int
 	// exact, when set (-focus), are the only specs the run selects, by
 	// their full names.
 	exact []string
@@ -56,12 +66,22 @@ var drivers = []driver{
 	// at once, its snapshot specs and the others (each ~7 minutes here, one
 	// run ~15): the specs mostly wait on pods and polls, so two processes
 	// halve the wall time.
-	{name: "ext4-snapshots", def: "ext4", focus: `Snapshot`, skip: `\(block volmode\)`},
-	{name: "ext4-rest", def: "ext4", skip: `\(block volmode\)|Snapshot`},
-	{name: "xfs-snapshots", def: "xfs", focus: `Snapshot`, skip: `\(block volmode\)`},
-	{name: "xfs-rest", def: "xfs", skip: `\(block volmode\)|Snapshot`},
-	{name: "block", def: "block", focus: `\(block volmode\)`},
-	{name: "inline", def: "inline"},
+	// Floors: the six runs' 87 specs of 2026-12-01 (commit 64fb913,
+	// README); [Slow]: block's 8 passed, the others not measured yet.
+	{name: "ext4-snapshots", def: "ext4", focus: `Snapshot`, skip: `\(block volmode\)`, floor: 8},
+	{name: "ext4-rest", def: "ext4", skip: `\(block volmode\)|Snapshot`, floor: 27},
+	{name: "xfs-snapshots", def: "xfs", focus: `Snapshot`, skip: `\(block volmode\)`, floor: 8},
+	{name: "xfs-rest", def: "xfs", skip: `\(block volmode\)|Snapshot`, floor: 29},
+	{name: "block", def: "block", focus: `\(block volmode\)`, floor: 11, slowFloor: 8},
+	{name: "inline", def: "inline", floor: 4},
+}
+
+// floorFor is the run's floor for the suite's [Slow] specs or the others.
+func (d driver) floorFor(slow bool) int {
+	if slow {
+		return d.slowFloor
+	}
+	return d.floor
 }
 
 // narrow is -focus: the runs select only the specs of their part of the
@@ -69,35 +89,93 @@ var drivers = []driver{
 var narrow *regexp.Regexp
 
 // machineSkips are the only specs not run, by exact name, because this
-// machine cannot run them (README, "Conformance"). Keyed by definition.
+// machine cannot run them (README, "Conformance"). Keyed by definition, then
+// by name, the reason.
 var machineSkips = map[string]map[string]string{}
 
-func skip(why string, drivers []string, names ...string) {
-	for _, d := range drivers {
-		if machineSkips[d] == nil {
-			machineSkips[d] = map[string]string{}
-		}
-		for _, n := range names {
-			machineSkips[d][n] = why
-		}
-	}
+// limit is something a host may withhold that some specs need.
+type limit string
+
+const (
+	// capSysResource: the kernel grows a mounted ext4 only for a process
+	// with CAP_SYS_RESOURCE in its effective set.
+	capSysResource limit = "CAP_SYS_RESOURCE"
+	// hostMountNS: a spec that nsenters PID 1's mount namespace.
+	hostMountNS limit = "/proc/1/ns/mnt"
+)
+
+// hostSkip is specs that cannot run on a host without lim.
+type hostSkip struct {
+	lim   limit
+	why   string
+	defs  []string
+	names []string
 }
 
-func init() {
-	const prefix = "External Storage [Driver: podvol.io] "
-	skip("the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts; this machine refuses that even to root",
-		[]string{"ext4", "xfs"}, prefix+"[Testpattern: Dynamic PV (filesystem volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]")
-	skip("the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts; this machine refuses that even to root",
-		[]string{"block"}, prefix+"[Testpattern: Dynamic PV (block volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]")
-	skip("online growth of a mounted ext4 needs CAP_SYS_RESOURCE, which root lacks on this machine: podvol refuses with FAILED_PRECONDITION and grows it at the next stage",
-		[]string{"ext4"},
-		prefix+"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited while pod is using it",
-		prefix+"[Testpattern: Generic Ephemeral-volume (default fs) (immediate-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs",
-		prefix+"[Testpattern: Generic Ephemeral-volume (default fs) (late-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs")
-	skip("kubelet (v1.37) calls NodeExpandVolume after NodePublishVolume, even for a pod not yet running, so podvol grows the published ext4 online, which needs CAP_SYS_RESOURCE, which root lacks on this machine (on a node with it, online growth works)",
-		[]string{"ext4"},
-		prefix+"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
-		prefix+"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited and the pod is re-created on the same node after controller resize is finished")
+const specPrefix = "External Storage [Driver: podvol.io] "
+
+var hostSkips = []hostSkip{
+	{hostMountNS, "the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts",
+		[]string{"ext4", "xfs"}, []string{specPrefix + "[Testpattern: Dynamic PV (filesystem volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]"}},
+	{hostMountNS, "the spec nsenters PID 1's mount namespace (/proc/1/ns/mnt) to look at the host's mounts",
+		[]string{"block"}, []string{specPrefix + "[Testpattern: Dynamic PV (block volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]"}},
+	{capSysResource, "online growth of a mounted ext4 needs CAP_SYS_RESOURCE: without it podvol refuses with FAILED_PRECONDITION and grows it at the next stage",
+		[]string{"ext4"}, []string{
+			specPrefix + "[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited while pod is using it",
+			specPrefix + "[Testpattern: Generic Ephemeral-volume (default fs) (immediate-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs",
+			specPrefix + "[Testpattern: Generic Ephemeral-volume (default fs) (late-binding)] ephemeral should support expansion of pvcs created for ephemeral pvcs"}},
+	{capSysResource, "kubelet (v1.37) calls NodeExpandVolume after NodePublishVolume, even for a pod not yet running, so podvol grows the published ext4 online, which needs CAP_SYS_RESOURCE (on a node with it, online growth works)",
+		[]string{"ext4"}, []string{
+			specPrefix + "[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
+			specPrefix + "[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited and the pod is re-created on the same node after controller resize is finished"}},
+}
+
+// skipsFor is machineSkips for a host on which missing says, for each
+// limit, why the host lacks it (nil: it has it). A limit not probed counts
+// as missing: a spec that cannot run here must not fail the run.
+func skipsFor(missing map[limit]error) map[string]map[string]string {
+	skips := map[string]map[string]string{}
+	for _, s := range hostSkips {
+		err, probed := missing[s.lim]
+		if probed && err == nil {
+			continue
+		}
+		if !probed {
+			err = errors.New("not probed")
+		}
+		for _, d := range s.defs {
+			if skips[d] == nil {
+				skips[d] = map[string]string{}
+			}
+			for _, n := range s.names {
+				skips[d][n] = fmt.Sprintf("%s; this host: %v", s.why, err)
+			}
+		}
+	}
+	return skips
+}
+
+// probeHost finds which limits this host has, as the csi-sanity ext4 run
+// does for CAP_SYS_RESOURCE. The dev cluster's nodes are processes of this
+// host, so what the runner (root) may do, the plugin and the suite's
+// privileged host-exec pods may too.
+func probeHost() map[limit]error {
+	found := map[limit]error{capSysResource: nil, hostMountNS: nil}
+	if !device.HasCapability(device.CapSysResource) {
+		found[capSysResource] = errors.New("CAP_SYS_RESOURCE is not in the effective set (CapEff in /proc/self/status), even for root")
+	}
+	// The spec runs nsenter --mount=/proc/1/ns/mnt in a hostPID pod: open
+	// it, then enter it as nsenter does (a Go process cannot: setns of a
+	// mount namespace refuses a multi-threaded caller).
+	if f, err := os.Open("/proc/1/ns/mnt"); err != nil {
+		found[hostMountNS] = err
+	} else {
+		_ = f.Close()
+		if out, err := exec.Command("nsenter", "--mount=/proc/1/ns/mnt", "--", "true").CombinedOutput(); err != nil {
+			found[hostMountNS] = fmt.Errorf("nsenter --mount=/proc/1/ns/mnt: %w: %s", err, strings.TrimSpace(string(out)))
+		}
+	}
+	return found
 }
 
 // capabilities the suite (v1.37.2, test/e2e/storage/framework) knows: a key
@@ -117,6 +195,7 @@ func main() {
 	pool := flag.String("pool-size", "60Gi", "node 1's pool when this run brings the dev cluster up (node 2's is 2/3 of it, node 3's 1/3)")
 	focus := flag.String("focus", "", "run only the specs whose names match this regular expression (to re-run one failed spec: paste its name from the summary)")
 	flag.Parse()
+	machineSkips = skipsFor(probeHost())
 	if *focus != "" {
 		re, err := regexp.Compile(*focus)
 		if err != nil {
@@ -154,14 +233,17 @@ func main() {
 	}
 
 	if *report {
+		var rs []result
 		for _, d := range selected {
 			dir := filepath.Join(*reports, d.name)
 			if *slow {
 				dir += "-slow"
 			}
-			s, _ := summarize(d, filepath.Join(here, d.def+".yaml"), dir, 0)
-			fmt.Print(s)
+			r := summarize(d, filepath.Join(here, d.def+".yaml"), dir, *slow, 0)
+			fmt.Print(r.text)
+			rs = append(rs, r)
 		}
+		fmt.Print(table(rs))
 		return
 	}
 
@@ -260,10 +342,6 @@ func conformance(ctx context.Context, cluster *devcluster.Cluster, e2e, bin, rep
 	if slow {
 		kind = "[Slow]"
 	}
-	type result struct {
-		summary string
-		failed  bool
-	}
 	results := make([]result, len(selected))
 	sem := make(chan struct{}, max(parallel, 1))
 	var wg sync.WaitGroup
@@ -290,12 +368,12 @@ func conformance(ctx context.Context, cluster *devcluster.Cluster, e2e, bin, rep
 			fmt.Fprintf(os.Stderr, "== %s: External.Storage, %s (log: %s/e2e.log)\n", d.name, kind, dir)
 			t := time.Now()
 			runErr := runLogged(ctx, d.name, filepath.Join(dir, "e2e.log"), e2e, args...)
-			s, failed := summarize(d, def, dir, time.Since(t))
-			if runErr != nil && !failed {
-				s += fmt.Sprintf("  the suite exited with %v (see %s/e2e.log)\n", runErr, dir)
-				failed = true
+			r := summarize(d, def, dir, slow, time.Since(t))
+			if runErr != nil && !r.failed {
+				r.text += fmt.Sprintf("  the suite exited with %v (see %s/e2e.log)\n", runErr, dir)
+				r.failed = true
 			}
-			results[i] = result{s, failed}
+			results[i] = r
 			fmt.Fprintf(os.Stderr, "== %s done in %s\n", d.name, time.Since(t).Round(time.Second))
 		}()
 	}
@@ -303,25 +381,36 @@ func conformance(ctx context.Context, cluster *devcluster.Cluster, e2e, bin, rep
 	code := 0
 	fmt.Printf("\n==== conformance summary (%s, %d runs, %d at a time)\n", kind, len(selected), parallel)
 	for _, r := range results {
-		fmt.Print(r.summary)
+		fmt.Print(r.text)
 		if r.failed {
 			code = 1
 		}
 	}
+	fmt.Print(table(results))
 	return code
 }
 
-// machineSkipped counts the machine's skips in this run's part of the suite
-// (and -focus's).
-func (d driver) machineSkipped() int {
-	n := 0
-	for name := range machineSkips[d.def] {
+type skipCount struct {
+	n   int
+	why string
+}
+
+// machineSkipped counts the host's skips in this run's part of the suite
+// (and -focus's), by reason.
+func (d driver) machineSkipped() []skipCount {
+	count := map[string]int{}
+	for name, why := range machineSkips[d.def] {
 		if regexp.MustCompile(d.focus).MatchString(name) && (d.skip == "" || !regexp.MustCompile(d.skip).MatchString(name)) &&
 			(narrow == nil || focused(name)) {
-			n++
+			count[why]++
 		}
 	}
-	return n
+	var out []skipCount
+	for why, n := range count {
+		out = append(out, skipCount{n, why})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].why < out[j].why })
+	return out
 }
 
 // listSpecs lists the specs a run selects (a dry run of the suite), by name
@@ -472,84 +561,163 @@ func (c testcase) why() string {
 	return ""
 }
 
-// summarize reads a run's report and log: counts, each failure with its
-// message, the run-time skips grouped by reason, and whether the suite read
-// every key of the driver definition.
-func summarize(d driver, def, dir string, took time.Duration) (string, bool) {
+// result is one run's summary.
+type result struct {
+	name   string
+	text   string // what the run did, and why it failed
+	t      tally
+	floor  int
+	failed bool
+}
+
+// tally is what a run's JUnit report says of the specs.
+type tally struct {
+	passed, failed []string
+	skipped        map[string][]string // at run time by the suite, by its reason
+	notSelected    int                 // by the run's focus and skip
+}
+
+func (t tally) ran() int { return len(t.passed) + len(t.failed) }
+
+func (t tally) nSkipped() int {
+	n := 0
+	for _, v := range t.skipped {
+		n += len(v)
+	}
+	return n
+}
+
+// readJUnit counts a Ginkgo JUnit report's specs.
+func readJUnit(raw []byte) (tally, error) {
+	var r junit
+	if err := xml.Unmarshal(raw, &r); err != nil {
+		return tally{}, err
+	}
+	t := tally{skipped: map[string][]string{}}
+	for _, s := range r.Suites {
+		for _, c := range s.Cases {
+			name := specName(strings.TrimPrefix(c.Name, "[It] "))
+			if !strings.HasPrefix(name, "External Storage") {
+				if c.Failure != nil || c.Error != nil {
+					t.failed = append(t.failed, c.Name+": "+firstLine(c.why()))
+				}
+				continue
+			}
+			switch {
+			case c.Failure != nil || c.Error != nil:
+				t.failed = append(t.failed, fmt.Sprintf("%s (%.0fs)\n      %s", name, c.Time, firstLine(c.why())))
+			case c.Skipped != nil:
+				m := strings.TrimSpace(strings.TrimPrefix(c.Skipped.Message, "skipped -"))
+				if m == "" || m == "skipped" {
+					t.notSelected++
+					continue
+				}
+				t.skipped[m] = append(t.skipped[m], name)
+			default:
+				t.passed = append(t.passed, name)
+			}
+		}
+	}
+	return t, nil
+}
+
+// shortfall says why a run that failed no spec still fails: it ran fewer
+// specs than its floor (an emptied pattern, a dropped capability: Ginkgo
+// passes a run of none), the suite skipped every spec it selected, or
+// -focus's names did not select what they listed.
+func (d driver) shortfall(t tally, slow bool) []string {
+	var why []string
+	if selected := t.ran() + t.nSkipped(); len(d.exact) > 0 && selected != len(d.exact) {
+		// -focus listed these names: a focus that selects another number
+		// in the real run must not read as a pass.
+		why = append(why, fmt.Sprintf("-focus chose %d specs by name, the suite selected %d: the names did not match as listed", len(d.exact), selected))
+	}
+	if f := d.floorFor(slow); len(d.exact) == 0 && t.ran() < f {
+		why = append(why, fmt.Sprintf("ran %d specs, fewer than this run's floor of %d: a pattern no longer matches or a definition lost a capability (if on purpose, lower the floor beside the run in test/conformance/main.go)", t.ran(), f))
+	}
+	if t.ran() == 0 && t.nSkipped() > 0 {
+		why = append(why, fmt.Sprintf("the suite skipped all %d specs the run selected at run time: it tested nothing", t.nSkipped()))
+	}
+	return why
+}
+
+// summarize reads a run's report and log: counts against the run's floor,
+// each failure with its message, the run-time skips grouped by reason, and
+// whether the suite read every key of the driver definition.
+func summarize(d driver, def, dir string, slow bool, took time.Duration) result {
 	var b strings.Builder
-	bad := false
+	r := result{name: d.name, floor: d.floorFor(slow)}
 	fmt.Fprintf(&b, "\n=== %s (%s, %s)\n", d.name, filepath.Base(def), took.Round(time.Second))
 	if msg := checkDefinition(def, filepath.Join(dir, "e2e.log")); msg != "" {
 		fmt.Fprintf(&b, "DEFINITION NOT READ AS WRITTEN: %s\n", msg)
-		bad = true
+		r.failed = true
 	} else {
 		fmt.Fprintf(&b, "definition: the suite's start-up log shows every key of %s\n", filepath.Base(def))
 	}
 	raw, err := os.ReadFile(filepath.Join(dir, "junit.xml"))
 	if err != nil {
 		fmt.Fprintf(&b, "no JUnit report: %v (see %s/e2e.log)\n", err, dir)
-		return b.String(), true
+		r.text, r.failed = b.String(), true
+		return r
 	}
-	var r junit
-	if err := xml.Unmarshal(raw, &r); err != nil {
+	t, err := readJUnit(raw)
+	if err != nil {
 		fmt.Fprintf(&b, "JUnit report: %v\n", err)
-		return b.String(), true
+		r.text, r.failed = b.String(), true
+		return r
 	}
-	var passed, failed []string
-	skipped := map[string][]string{}
-	filtered := 0
-	for _, s := range r.Suites {
-		for _, c := range s.Cases {
-			name := specName(strings.TrimPrefix(c.Name, "[It] "))
-			if !strings.HasPrefix(name, "External Storage") {
-				if c.Failure != nil || c.Error != nil {
-					failed = append(failed, c.Name+": "+firstLine(c.why()))
-				}
-				continue
-			}
-			switch {
-			case c.Failure != nil || c.Error != nil:
-				failed = append(failed, fmt.Sprintf("%s (%.0fs)\n      %s", name, c.Time, firstLine(c.why())))
-			case c.Skipped != nil:
-				m := strings.TrimSpace(strings.TrimPrefix(c.Skipped.Message, "skipped -"))
-				if m == "" || m == "skipped" {
-					filtered++ // not selected by focus/skip
-					continue
-				}
-				skipped[m] = append(skipped[m], name)
-			default:
-				passed = append(passed, name)
-			}
-		}
+	r.t = t
+	floor := "no floor recorded (not measured yet)"
+	if len(d.exact) > 0 {
+		floor = "no floor: -focus"
+	} else if r.floor > 0 {
+		floor = fmt.Sprintf("floor %d", r.floor)
 	}
-	nSkipped := 0
-	for _, v := range skipped {
-		nSkipped += len(v)
+	fmt.Fprintf(&b, "ran %d (%s): passed %d, failed %d; skipped at run time %d (by the suite, reasons below); not selected %d\n",
+		t.ran(), floor, len(t.passed), len(t.failed), t.nSkipped(), t.notSelected)
+	for _, why := range d.shortfall(t, slow) {
+		fmt.Fprintf(&b, "  RUN FAILED: %s\n", why)
+		r.failed = true
 	}
-	fmt.Fprintf(&b, "ran %d: passed %d, failed %d; skipped at run time %d (by the suite, reasons below); not selected %d\n",
-		len(passed)+len(failed), len(passed), len(failed), nSkipped, filtered)
-	if n := len(passed) + len(failed) + nSkipped; len(d.exact) > 0 && n != len(d.exact) {
-		// -focus listed these names: a focus that selects another number
-		// in the real run must not read as a pass.
-		fmt.Fprintf(&b, "  -focus chose %d specs by name, the suite selected %d: the names did not match as listed\n", len(d.exact), n)
-		bad = true
-	}
-	for _, f := range failed {
+	for _, f := range t.failed {
 		fmt.Fprintf(&b, "  FAILED %s\n", f)
+		r.failed = true
 	}
 	var reasons []string
-	for m := range skipped {
+	for m := range t.skipped {
 		reasons = append(reasons, m)
 	}
 	sort.Strings(reasons)
 	for _, m := range reasons {
-		fmt.Fprintf(&b, "  skipped %d: %s\n", len(skipped[m]), firstLine(m))
+		fmt.Fprintf(&b, "  skipped %d: %s\n", len(t.skipped[m]), firstLine(m))
 	}
-	if n := d.machineSkipped(); n > 0 && !strings.HasSuffix(dir, "-slow") {
-		fmt.Fprintf(&b, "  not run on this machine (by exact name; README, Conformance): %d\n", n)
+	if !slow {
+		for _, m := range d.machineSkipped() {
+			fmt.Fprintf(&b, "  not run on this host (by exact name; README, Conformance) %d: %s\n", m.n, m.why)
+		}
 	}
 	fmt.Fprintf(&b, "  report: %s/junit.xml, log: %s/e2e.log\n", dir, dir)
-	return b.String(), bad || len(failed) > 0
+	r.text = b.String()
+	return r
+}
+
+// table is the runs' counts, one line each, after their summaries.
+func table(rs []result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-16s %5s %6s %6s %7s %5s  %s\n", "run", "ran", "passed", "failed", "skipped", "floor", "result")
+	total, skipped := tally{}, 0
+	for _, r := range rs {
+		verdict := "ok"
+		if r.failed {
+			verdict = "FAILED"
+		}
+		fmt.Fprintf(&b, "%-16s %5d %6d %6d %7d %5d  %s\n", r.name, r.t.ran(), len(r.t.passed), len(r.t.failed), r.t.nSkipped(), r.floor, verdict)
+		total.passed = append(total.passed, r.t.passed...)
+		total.failed = append(total.failed, r.t.failed...)
+		skipped += r.t.nSkipped()
+	}
+	fmt.Fprintf(&b, "%-16s %5d %6d %6d %7d\n", "all", total.ran(), len(total.passed), len(total.failed), skipped)
+	return b.String()
 }
 
 func firstLine(s string) string {
