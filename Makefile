@@ -10,7 +10,7 @@ GO ?= go
 # race detector needs cgo (and gcc).
 export CGO_ENABLED ?= 0
 
-.PHONY: all build test check vet lint fuzz bench bench-microvm bench-startup clean deps demo up down conformance conformance-slow
+.PHONY: all build test test-host test-cluster check vet lint fuzz bench bench-microvm bench-startup clean deps demo up down conformance conformance-slow
 
 all: build
 
@@ -86,12 +86,30 @@ REQUIRE_MICROVM = $(if $(filter 1,$(PODVOL_REQUIRE_MICROVM)),-require-run ./test
 check: vet lint
 	$(TEST_SUMMARY) -- env CGO_ENABLED=1 TMPDIR=$(CHECK_TMPDIR) $(GO) test -json -race -count=1 -timeout 5m $(UNIT_PKGS)
 
-# Everything: the checks above, then internal/device, csi-sanity (ext4, xfs,
-# block), the crash tests and the end-to-end tests, all with real loop devices
-# and mounts. Needs root; installs the Debian packages it needs (deps) first,
-# so that it runs on a fresh machine by itself.
-test: deps check fuzz
-	$(TEST_SUMMARY) $(REQUIRE_MICROVM) -- $(GO) test -json -count=1 -timeout 60m $(filter-out $(UNIT_PKGS),$(shell $(GO) list ./...))
+# Every test. Needs root; installs the Debian packages it needs (deps) first,
+# so that it runs on a fresh machine by itself. Two chains run at once (the
+# dev cluster's mostly waits on pods, the host's mostly compiles):
+# - test-host: make check, the fuzz run, then every package that needs no
+#   cluster: internal/device, csi-sanity (ext4, xfs, block), the crash and
+#   real-device tests, envtest suites, the microVM guest;
+# - test-cluster: the end-to-end package on the dev cluster, with the
+#   conformance suite's build beside it, then make conformance.
+# Their output is interleaved line by line; each ends with its own summary.
+test: deps
+	@$(MAKE) --no-print-directory -j2 test-host test-cluster
+
+CLUSTER_PKGS := ./test/e2e
+HOST_PKGS = $(filter-out $(UNIT_PKGS) %/test/e2e,$(shell $(GO) list ./...))
+
+test-host: check fuzz
+	$(TEST_SUMMARY) $(REQUIRE_MICROVM) -- $(GO) test -json -count=1 -timeout 60m $(HOST_PKGS)
+
+test-cluster:
+	@tools/e2e/build.sh >/dev/null & build=$$!; \
+	$(TEST_SUMMARY) -- $(GO) test -json -count=1 -timeout 60m $(CLUSTER_PKGS); rc=$$?; \
+	wait $$build || { echo "the conformance suite's build (tools/e2e/build.sh) failed: run it alone to see why" >&2; exit 1; }; \
+	exit $$rc
+	$(MAKE) --no-print-directory conformance
 
 # A bounded run of the native fuzz targets over request sizes and size
 # quantities (their seed corpus also runs in every go test). A failure is

@@ -192,11 +192,32 @@ func TestMakeRunsGoTestThroughIt(t *testing.T) {
 			summarized = append(summarized, l)
 		}
 	}
-	if len(summarized) != 2 {
-		t.Errorf("want make check's and make test's go test, found %d:\n%s", len(summarized), out)
+	// make check's, and make test's two chains': the host's packages and
+	// the dev cluster's.
+	if len(summarized) != 3 {
+		t.Fatalf("want the go test of make check and of make test's two chains, found %d:\n%s", len(summarized), out)
 	}
-	if last := summarized[len(summarized)-1]; !strings.Contains(last, "-require-run ./test/microvm") {
-		t.Errorf("with PODVOL_REQUIRE_MICROVM=1, make test does not require test/microvm to run: %s", last)
+	// Every package of the module is tested by one of them: none is lost
+	// when the chains are drawn anew.
+	list, err := exec.Command("go", "list", "-C", root, "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	all := strings.ReplaceAll(strings.Join(summarized, " "), ";", " ") + " "
+	for _, pkg := range strings.Fields(string(list)) {
+		short := "./" + strings.TrimPrefix(pkg, "github.com/podvol/podvol/")
+		if !strings.Contains(all, " "+pkg+" ") && !strings.Contains(all, " "+short+" ") {
+			t.Errorf("make test does not test %s", pkg)
+		}
+	}
+	microvm := ""
+	for _, l := range summarized {
+		if strings.Contains(l, "/test/microvm ") {
+			microvm = l
+		}
+	}
+	if !strings.Contains(microvm, "-require-run ./test/microvm") {
+		t.Errorf("with PODVOL_REQUIRE_MICROVM=1, make test does not require test/microvm to run: %q", microvm)
 	}
 	ci, err := os.ReadFile(filepath.Join(root, ".ci", "run"))
 	if err != nil {
