@@ -253,7 +253,7 @@ func main() {
 		fail("tools/e2e/build.sh: %v", err)
 	}
 	bin := strings.TrimSpace(out)
-	e2e := filepath.Join(bin, "e2e.test")
+	e2e := filepath.Join(bin, "e2e-storage.test")
 	repoList := filepath.Join(here, "repo-list.yaml")
 	fmt.Fprintf(os.Stderr, "   built or cached in %s\n", time.Since(start).Round(time.Second))
 

@@ -1,9 +1,11 @@
 //go:build tools
 
-// Package tools pins Kubernetes' e2e suite (k8s.io/kubernetes/test/e2e, built
-// unchanged with `go test -c`) and agnhost, the test image its storage specs
-// run, so that go.sum holds everything the test binary links. The imports are
-// those of the suite's e2e_test.go.
+// Package tools pins Kubernetes' e2e suite (k8s.io/kubernetes/test/e2e) and
+// agnhost, the test image its storage specs run, so that go.sum holds
+// everything the suite links. The imports are those of the suite's
+// e2e_test.go, so that upstream's whole e2e.test can still be built from this
+// module (go test -c k8s.io/kubernetes/test/e2e); podvol runs ./storage,
+// the same specs with only the external storage ones linked in.
 package tools
 
 import (
