@@ -87,7 +87,7 @@ import (
 )
 
 // Op names an operation of device.Interface (its method name), for Inject
-// and Calls. Freeze and Thaw are the Filesystem handle's.
+// and Calls. Freeze, Thaw and Trim are the Filesystem handle's.
 type Op string
 
 const (
@@ -109,6 +109,7 @@ const (
 	OpenFilesystemOn Op = "OpenFilesystemOn"
 	Freeze           Op = "Freeze"
 	Thaw             Op = "Thaw"
+	Trim             Op = "Trim"
 	Statfs           Op = "Statfs"
 	ReadableRoot     Op = "ReadableRoot"
 	SetGroup         Op = "SetGroup"
@@ -1062,6 +1063,21 @@ func (h *handle) Thaw() error {
 	h.sb.frozen = false
 	f.freezeLog = append(f.freezeLog, FreezeEvent{Thaw: true, Dev: devName(h.sb.loop.n), Handle: h.id})
 	return nil
+}
+
+// Trim discards nothing the fake could show (it does not model which
+// blocks a filesystem uses): it checks the handle and counts the call.
+func (h *handle) Trim() (int64, error) {
+	f := h.f
+	if err := f.enter(Trim, h.dev); err != nil {
+		return 0, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if h.closed {
+		return 0, fmt.Errorf("trim: %w", unix.EBADF)
+	}
+	return 0, nil
 }
 
 func (h *handle) Close() error {
