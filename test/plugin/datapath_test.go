@@ -141,6 +141,38 @@ func TestLoopDevicesDoDirectIO(t *testing.T) {
 	e.assertClean()
 }
 
+// TestStagedBeforeGetsDirectIOAtNextStage: a volume staged by a plugin
+// attaching buffered (--direct-io=false, as every version did before) keeps
+// working, buffered, across the upgrade, and has direct I/O once staged
+// again.
+func TestStagedBeforeGetsDirectIOAtNextStage(t *testing.T) {
+	e := newEnv(t, plugintest.Options{Args: []string{"--direct-io=false"}})
+	c := mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	id := e.create("upgraded", 512<<20, c, nil).GetVolumeId()
+	e.up(id, c)
+	loop := loopOf(t, e.image(id))
+	if dio, bs := sysLoop(t, loop, "loop/dio"), sysLoop(t, loop, "queue/logical_block_size"); dio != "0" || bs != "512" {
+		t.Fatalf("--direct-io=false: dio=%s, logical block size %s; want 0 and 512 as before", dio, bs)
+	}
+	writeFile(t, filepath.Join(e.target(id), "f"), "before")
+	e.p.Upgrade()
+	e.up(id, c) // kubelet's calls after a plugin restart: done already
+	if dio := sysLoop(t, loopOf(t, e.image(id)), "loop/dio"); dio != "0" {
+		t.Fatalf("the mounted volume's device changed under it: dio=%s", dio)
+	}
+	e.must("NodeUnpublishVolume", e.unpublish(id))
+	e.must("NodeUnstageVolume", e.unstage(id))
+	e.up(id, c)
+	if dio := sysLoop(t, loopOf(t, e.image(id)), "loop/dio"); dio != "1" {
+		t.Fatalf("staged again after the upgrade: dio=%s, want 1", dio)
+	}
+	if got := readFile(t, filepath.Join(e.target(id), "f")); got != "before" {
+		t.Fatalf("read %q after the upgrade", got)
+	}
+	e.down(id)
+	e.assertClean()
+}
+
 // TestImageNotCachedTwice: after a pod's synced buffered write of 1 GiB,
 // the host's page cache holds (almost) nothing of the volume's image: the
 // data is cached once, by the volume's own filesystem, charged to the pod.
