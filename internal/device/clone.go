@@ -4,10 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -213,11 +211,11 @@ func Trim(f *os.File) (int64, error) {
 	if err := unix.Syncfs(int(f.Fd())); err != nil {
 		return 0, fmt.Errorf("sync the filesystem at %s before trimming it: %w", f.Name(), err)
 	}
-	r := struct{ Start, Len, MinLen uint64 }{Len: math.MaxUint64}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fitrim, uintptr(unsafe.Pointer(&r))); errno != 0 {
-		return 0, fmt.Errorf("trim %s: %w", f.Name(), errno)
+	n, err := fitrimAll(f.Fd())
+	if err != nil {
+		return 0, fmt.Errorf("trim %s: %w", f.Name(), err)
 	}
-	return int64(r.Len), nil
+	return int64(n), nil
 }
 
 // Thaw undoes Freeze. A filesystem that is not frozen is left as it is.

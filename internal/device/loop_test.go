@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -84,7 +83,7 @@ func TestAttachOptions(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				buf := alignedBlock(4096, byte(tc.want.BlockSize>>8))
+				buf := alignedBlock(t, 4096, byte(tc.want.BlockSize>>8))
 				if _, err := f.WriteAt(buf, 8192); err != nil {
 					t.Fatalf("%+v: write: %v", tc.opts, err)
 				}
@@ -115,11 +114,14 @@ func TestAttachOptions(t *testing.T) {
 	}
 }
 
-// alignedBlock is n bytes of b, aligned for O_DIRECT.
-func alignedBlock(n int, b byte) []byte {
-	raw := make([]byte, n+4096)
-	off := 4096 - int(uintptr(unsafe.Pointer(&raw[0]))%4096)
-	buf := raw[off : off+n]
+// alignedBlock is n bytes from b on, page-aligned for O_DIRECT (an
+// anonymous mapping), unmapped when the test ends.
+func alignedBlock(t *testing.T, n int, b byte) []byte {
+	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(buf) })
 	for i := range buf {
 		buf[i] = b + byte(i)
 	}

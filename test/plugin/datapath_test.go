@@ -8,10 +8,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -81,34 +81,17 @@ func writeGiB(t *testing.T, path string, flag int) {
 	}
 }
 
-// cachedBytes is how much of file the host's page cache holds (mincore).
+// cachedBytes is how much of file the host's page cache holds (fincore,
+// util-linux: mincore(2) over a mapping of the file).
 func cachedBytes(t *testing.T, file string) int64 {
 	t.Helper()
-	f, err := os.Open(file)
+	out, err := exec.Command("fincore", "--bytes", "--noheadings", "--output", "RES", file).CombinedOutput()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("fincore %s: %v: %s", file, err, out)
 	}
-	defer f.Close()
-	fi, err := f.Stat()
+	n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
 	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = unix.Munmap(m) }()
-	page := os.Getpagesize()
-	vec := make([]byte, (len(m)+page-1)/page)
-	// x/sys/unix has no wrapper for mincore(2).
-	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
-		t.Fatalf("mincore %s: %v", file, errno)
-	}
-	var n int64
-	for _, v := range vec {
-		if v&1 != 0 {
-			n += int64(page)
-		}
+		t.Fatalf("fincore %s: %q", file, out)
 	}
 	return n
 }
