@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/podvol/podvol/test/plugintest"
@@ -311,5 +312,60 @@ func TestDirectIORefusedPool(t *testing.T) {
 		t.Fatalf("metrics do not count the refusal:\n%s", body)
 	}
 	e.down(id)
+	e.assertClean()
+}
+
+// mountLoop returns the loop device mounted at path.
+func mountLoop(t *testing.T, path string) string {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+	if err != nil || len(ms) == 0 {
+		t.Fatalf("nothing mounted at %s: %v", path, err)
+	}
+	return filepath.Base(ms[len(ms)-1].Source)
+}
+
+// TestEveryAttachPathDoesDirectIO: an inline volume, a clone, a restore and
+// a volume re-attached by recovery after a reboot get direct I/O too.
+func TestEveryAttachPathDoesDirectIO(t *testing.T) {
+	e, k := newInlineEnv(t, "")
+	wantDIO := func(what, loop string) {
+		t.Helper()
+		if dio := sysLoop(t, loop, "loop/dio"); dio != "1" {
+			t.Errorf("%s: /sys/block/%s/loop/dio = %s, want 1", what, loop, dio)
+		}
+	}
+	k.e.must("publish inline", k.publish("uid1", "scratch", map[string]string{"size": "64Mi", "fsType": "ext4"}))
+	wantDIO("inline volume", mountLoop(t, k.target("uid1", "scratch")))
+	k.e.must("unpublish inline", k.unpublish("uid1", "scratch"))
+
+	c := mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	src := e.create("src", 400<<20, c, nil).GetVolumeId()
+	e.up(src, c)
+	writeFile(t, filepath.Join(e.target(src), "f"), "source")
+	snap := e.snapshot("snap", src).GetSnapshotId()
+	clone, err := e.createFrom("clone", 400<<20, c, fromVolume(src))
+	e.must("clone", err)
+	restore, err := e.createFrom("restore", 400<<20, c, fromSnapshot(snap))
+	e.must("restore", err)
+	for what, id := range map[string]string{"clone": clone.GetVolumeId(), "restore": restore.GetVolumeId()} {
+		e.up(id, c)
+		wantDIO(what, mountLoop(t, e.staging(id)))
+		if got := readFile(t, filepath.Join(e.target(id), "f")); got != "source" {
+			t.Errorf("%s holds %q", what, got)
+		}
+		e.down(id)
+	}
+
+	e.p.Kill()
+	plugintest.ForceClean(filepath.Join(e.dir, "staging")) // the reboot: no mount, no loop device
+	plugintest.ForceClean(filepath.Join(e.dir, "pods"))
+	plugintest.ForceClean(e.p.PoolDir)
+	e.p.Restart()
+	wantDIO("re-attached by recovery", mountLoop(t, e.staging(src)))
+	e.up(src, c)
+	e.down(src)
+	_, err = e.p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snap})
+	e.must("DeleteSnapshot", err)
 	e.assertClean()
 }
