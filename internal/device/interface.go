@@ -23,7 +23,8 @@ type Interface interface {
 
 // Loops is the kernel's loop driver: block devices backed by image files.
 type Loops interface {
-	AttachLoop(image string) (dev string, err error)
+	AttachLoop(image string, opts LoopOptions) (dev string, err error)
+	LoopStatus(dev string) (LoopIO, error)
 	DetachLoop(dev, backing string) error
 	LoopDevices() (map[string]string, error)
 	LoopsFor(image string) ([]string, error)
@@ -58,6 +59,9 @@ type Mounts interface {
 type Filesystem interface {
 	Freeze() error
 	Thaw() error
+	// Trim discards the filesystem's free space (Trim) and returns the
+	// bytes discarded.
+	Trim() (int64, error)
 	Close() error
 }
 
@@ -85,7 +89,11 @@ type Host struct{}
 
 var _ Interface = Host{}
 
-func (Host) AttachLoop(image string) (string, error)               { return AttachLoop(image) }
+func (Host) AttachLoop(image string, opts LoopOptions) (string, error) {
+	return AttachLoop(image, opts)
+}
+
+func (Host) LoopStatus(dev string) (LoopIO, error)                 { return LoopStatus(dev) }
 func (Host) DetachLoop(dev, backing string) error                  { return DetachLoop(dev, backing) }
 func (Host) LoopDevices() (map[string]string, error)               { return LoopDevices() }
 func (Host) LoopsFor(image string) ([]string, error)               { return LoopsFor(image) }
@@ -141,4 +149,6 @@ type hostFilesystem struct{ f *os.File }
 
 func (h hostFilesystem) Freeze() error { return Freeze(h.f) }
 func (h hostFilesystem) Thaw() error   { return Thaw(h.f) }
-func (h hostFilesystem) Close() error  { return h.f.Close() }
+
+func (h hostFilesystem) Trim() (int64, error) { return Trim(h.f) }
+func (h hostFilesystem) Close() error         { return h.f.Close() }

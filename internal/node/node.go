@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -29,6 +30,42 @@ type Node struct {
 	store  *store.Store
 	direct *directvolume.Shim // nil: no direct assignment
 	dev    device.Interface
+
+	// buffered turns direct I/O of loop devices off (--direct-io=false).
+	buffered bool
+	refused  refusals
+	// discardMount mounts filesystems with discard instead of trimming
+	// them (--discard=mount).
+	discardMount bool
+}
+
+// How the space of files deleted in a volume goes back to the pool: the
+// volume's filesystem discards the freed blocks, and the loop device punches
+// them out of the sparse image. docs/design.md ("Data path") has the
+// measurements behind the default.
+const (
+	// DiscardFstrim trims each filesystem volume (FITRIM) when it is
+	// unstaged and periodically while it is staged: no cost to the
+	// volume's I/O in between.
+	DiscardFstrim = "fstrim"
+	// DiscardMount mounts each filesystem with discard: space goes back
+	// within seconds of a delete, at a cost to delete-heavy workloads.
+	DiscardMount = "mount"
+)
+
+// DiscardModes are the values of --discard.
+var DiscardModes = []string{DiscardFstrim, DiscardMount}
+
+// SetDiscard sets how deleted space goes back to the pool, for mounts made
+// from now on: DiscardFstrim (the default) or DiscardMount.
+func (n *Node) SetDiscard(mode string) { n.discardMount = mode == DiscardMount }
+
+// refusals counts loop devices attached buffered although direct I/O was
+// asked for, because the pool's filesystem refused it.
+type refusals struct {
+	mu    sync.Mutex
+	count int64
+	last  string
 }
 
 // New returns a Node for p. direct configures Kata direct assignment; nil
@@ -48,6 +85,21 @@ type StageRequest struct {
 	Block       bool
 	FsType      string // from the capability; "" means the volume's own
 	MountFlags  []string
+}
+
+// SetDirectIO says whether loop devices attached from now on do direct I/O
+// on their images (the default) or go through the host's page cache with
+// 512-byte blocks, as they all did before (the escape hatch, and the
+// "before" of the data path benchmark).
+func (n *Node) SetDirectIO(on bool) { n.buffered = !on }
+
+// DirectIORefused returns how many loop devices were attached buffered since
+// the start because the pool's filesystem refused direct I/O, and what the
+// last one was.
+func (n *Node) DirectIORefused() (count int64, last string) {
+	n.refused.mu.Lock()
+	defer n.refused.mu.Unlock()
+	return n.refused.count, n.refused.last
 }
 
 func (n *Node) volume(id string) (*store.Volume, error) { return n.pool.ReadyVolume(id) }
@@ -80,7 +132,7 @@ func (n *Node) Stage(ctx context.Context, r StageRequest) error {
 	}
 	failpoint.Hit("stage-after-record")
 
-	dev, err := n.ensureLoop(v)
+	dev, err := n.ensureLoop(v, r.Block)
 	if err != nil {
 		return n.failStage(v.ID, err)
 	}
@@ -124,19 +176,28 @@ func (n *Node) failStage(id string, cause error) error {
 
 // ensureLoop returns the loop device of the volume's image, attaching one if
 // there is none. Extra devices of the same image (a crash between attach and
-// record) are detached unless mounted.
-func (n *Node) ensureLoop(v *store.Volume) (string, error) {
+// record) are detached unless mounted. A device attached before the plugin
+// did direct I/O keeps its setup until the volume is unstaged: its block
+// size cannot change under a mounted filesystem.
+func (n *Node) ensureLoop(v *store.Volume, block bool) (string, error) {
 	img := n.pool.ImagePath(v.ID)
 	devs, err := n.dev.LoopsFor(img)
 	if err != nil {
 		return "", err
 	}
 	if len(devs) == 0 {
-		dev, err := n.dev.AttachLoop(img)
+		opts := n.loopOptions(block)
+		dev, err := n.dev.AttachLoop(img, opts)
 		if err != nil {
 			return "", fmt.Errorf("attach volume %s: %w", v.ID, err)
 		}
-		klog.V(2).InfoS("Attached loop device", "volume", v.ID, "device", dev)
+		st, err := n.dev.LoopStatus(dev)
+		if err != nil {
+			klog.ErrorS(err, "Reading the setup of a loop device just attached", "volume", v.ID, "device", dev)
+		} else if opts.DirectIO && !st.DirectIO {
+			n.directIORefused(v.ID, img, dev, st)
+		}
+		klog.V(2).InfoS("Attached loop device", "volume", v.ID, "device", dev, "directIO", st.DirectIO, "blockSize", st.BlockSize)
 		return dev, nil
 	}
 	keep := devs[0]
@@ -154,6 +215,41 @@ func (n *Node) ensureLoop(v *store.Volume) (string, error) {
 		}
 	}
 	return keep, nil
+}
+
+// loopOptions is how a volume's loop device is set up. A filesystem volume
+// gets the pool's block size, or its filesystem's sector size if that is
+// smaller (device.ChooseBlockSize). A raw block volume keeps 512-byte
+// blocks, as it always had: its consumer's data (a partition table, a
+// filesystem made in the pod, an application's O_DIRECT alignment) may
+// depend on them, and podvol cannot tell.
+func (n *Node) loopOptions(block bool) device.LoopOptions {
+	switch {
+	case n.buffered:
+		return device.LoopOptions{BlockSize: device.LegacyBlockSize}
+	case block:
+		return device.LoopOptions{DirectIO: true, BlockSize: device.LegacyBlockSize}
+	}
+	return device.LoopOptions{DirectIO: true}
+}
+
+// directIORefused records a loop device attached buffered against the
+// plugin's wish: said once in the log (the pool's filesystem does not
+// change while the plugin runs), counted for the metric and the pool's
+// health.
+func (n *Node) directIORefused(id, img, dev string, st device.LoopIO) {
+	r := &n.refused
+	r.mu.Lock()
+	r.count++
+	first := r.count == 1
+	r.last = fmt.Sprintf("volume %s (%s, %d-byte blocks)", id, dev, st.BlockSize)
+	r.mu.Unlock()
+	msg := "The pool's filesystem refused direct I/O: the loop device reads and writes the image through the host's page cache, which then holds a second copy of the volume's data; put the pool on a filesystem that takes O_DIRECT (ext4, xfs)"
+	if first {
+		klog.InfoS(msg, "volume", id, "image", img, "device", dev, "blockSize", st.BlockSize)
+		return
+	}
+	klog.V(2).InfoS(msg, "volume", id, "image", img, "device", dev, "blockSize", st.BlockSize)
 }
 
 func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path string, flags []string) error {
@@ -197,7 +293,7 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 	if err := os.MkdirAll(path, 0o750); err != nil {
 		return fmt.Errorf("create staging path: %w", err)
 	}
-	if err := n.dev.Mount(ctx, dev, path, v.FsType, withNoUUID(v.FsType, flags)); err != nil {
+	if err := n.dev.Mount(ctx, dev, path, v.FsType, n.stagingOptions(v.FsType, flags)); err != nil {
 		return fmt.Errorf("mount volume %s: %w", v.ID, err)
 	}
 	if v.GrowFs {
@@ -262,7 +358,89 @@ func (n *Node) Unstage(ctx context.Context, id, stagingPath string) error {
 	if live := n.livePublications(v); len(live) > 0 {
 		return fmt.Errorf("volume %s is still published at %s: unpublish it first: %w", id, strings.Join(live, ", "), pool.ErrInUse)
 	}
+	// The last chance to give back what the pod deleted while the volume
+	// is not in use. An inline volume's image is deleted next anyway.
+	if !n.discardMount && v.Inline == nil && v.Stage.State == store.Staged {
+		if trimmed, err := n.trim(v); err != nil {
+			klog.InfoS("Trimming the volume before unstaging it failed; unstaging anyway", "volume", id, "err", err)
+		} else if trimmed > 0 {
+			klog.V(2).InfoS("Trimmed volume", "volume", id, "bytes", trimmed)
+		}
+	}
 	return n.teardownStage(v)
+}
+
+// Trim gives the space of files deleted in a staged filesystem volume back
+// to the pool (device.Trim through a handle on the volume's own mount) and
+// returns the bytes the filesystem discarded. A volume this host does not
+// have mounted (not staged, block, assigned to a microVM) is left alone:
+// its consumer's discards pass through the loop device by themselves. The
+// caller holds the volume's lock, so that no unstage finds the mount busy
+// and no snapshot finds it changing.
+func (n *Node) Trim(id string) (int64, error) {
+	v, err := n.store.Volume(id)
+	if err != nil {
+		return 0, err
+	}
+	if v.Stage == nil || v.Stage.State != store.Staged {
+		return 0, nil
+	}
+	return n.trim(v)
+}
+
+func (n *Node) trim(v *store.Volume) (int64, error) {
+	s := v.Stage
+	if _, direct := directPublication(v); s.Block || direct {
+		return 0, nil
+	}
+	h, err := n.dev.OpenFilesystemOn(s.Path, s.Device)
+	if err != nil {
+		return 0, fmt.Errorf("trim volume %s: %w", v.ID, err)
+	}
+	defer h.Close()
+	trimmed, err := h.Trim()
+	if err != nil {
+		return 0, fmt.Errorf("trim volume %s: %w", v.ID, err)
+	}
+	return trimmed, nil
+}
+
+// TrimAll trims every staged filesystem volume (Trim), one at a time, each
+// under its lock (lock returns the release). Failures are logged: the next
+// round tries again.
+func (n *Node) TrimAll(ctx context.Context, lock func(key string) (unlock func())) {
+	vols, err := n.store.Volumes()
+	if err != nil {
+		klog.ErrorS(err, "Listing volumes to trim")
+		return
+	}
+	var total int64
+	count := 0
+	for _, v := range vols {
+		if ctx.Err() != nil {
+			return
+		}
+		if v.Stage == nil || v.Stage.Block {
+			continue
+		}
+		// The CSI calls lock an inline volume by kubelet's handle.
+		key := v.ID
+		if v.Inline != nil {
+			key = v.Inline.VolumeHandle
+		}
+		unlock := lock(key)
+		trimmed, err := n.Trim(v.ID)
+		unlock()
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+		case err != nil:
+			klog.ErrorS(err, "Trimming a staged volume", "volume", v.ID)
+		default:
+			total += trimmed
+			count++
+		}
+	}
+	klog.V(2).InfoS("Trimmed staged volumes", "volumes", count, "bytes", total)
 }
 
 // teardownStage is idempotent: each step succeeds when already done, and the
