@@ -112,6 +112,13 @@ func (e *env) gone(name string) bool {
 // (owned by the Node, 40 s duration) with the given renewTime.
 func (e *env) lease(node *corev1.Node, renewed time.Time) {
 	e.t.Helper()
+	e.leaseOf(node, renewed, 40*time.Second)
+}
+
+// leaseOf creates the node's Lease with the given duration, as a kubelet
+// with that nodeLeaseDurationSeconds does.
+func (e *env) leaseOf(node *corev1.Node, renewed time.Time, duration time.Duration) {
+	e.t.Helper()
 	// kube-apiserver creates kube-node-lease shortly after it starts.
 	if err := e.c.Create(bg, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: corev1.NamespaceNodeLease}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		e.t.Fatal(err)
@@ -119,7 +126,7 @@ func (e *env) lease(node *corev1.Node, renewed time.Time) {
 	e.must(e.c.Create(bg, &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceNodeLease, Name: node.Name,
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node.Name), LeaseDurationSeconds: ptr.To[int32](40),
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node.Name), LeaseDurationSeconds: ptr.To(int32(duration / time.Second)),
 			RenewTime: &metav1.MicroTime{Time: renewed}},
 	}))
 }
@@ -239,33 +246,38 @@ func TestNodeLossFinalizerOnlyOnPodvolNodes(t *testing.T) {
 }
 
 // A Node deleted whose kubelet has stopped renewing its Lease: once the
-// Lease has gone unrenewed for the grace period, and not before, its
+// Lease has gone unrenewed for the grace period, or for the Lease's own
+// duration when that is longer (issue 25, item 5), and not before, its
 // volumes are released as before.
 func TestNodeLossStaleLease(t *testing.T) {
-	const grace = 3 * time.Second
+	const (
+		grace         = 2 * time.Second
+		leaseDuration = 4 * time.Second
+		wait          = leaseDuration // max(grace, leaseDuration)
+	)
 	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace = grace })
 	ns := e.ns("stale-lease")
 	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
 	n := e.node("n1", "podvol.io")
 	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
 	// Last renewed a minute ago: the kubelet died then.
-	e.lease(n, time.Now().Add(-time.Minute))
+	e.leaseOf(n, time.Now().Add(-time.Minute), leaseDuration)
 	e.boundOn(ns, "data-db-0", "podvol", "n1")
 	e.boundOn(ns, "data-db-1", "podvol", "n2")
 
 	deleted := time.Now()
 	e.must(e.c.Delete(bg, n))
-	for time.Since(deleted) < grace/2 {
+	for time.Since(deleted) < wait*3/4 {
 		if e.pvc(ns, "data-db-0") == nil || !e.pvExists("pv-data-db-0") || e.gone("n1") {
-			t.Fatalf("released %s after the deletion, before the %s grace", time.Since(deleted), grace)
+			t.Fatalf("released %s after the deletion, before the %s grace or the Lease's %s duration", time.Since(deleted), grace, leaseDuration)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	e.eventually("the lost node's PVC and PV released", func() bool {
 		return e.pvc(ns, "data-db-0") == nil && !e.pvExists("pv-data-db-0")
 	})
-	if took := time.Since(deleted); took < grace {
-		t.Fatalf("released %s after the deletion, before the %s grace", took, grace)
+	if took := time.Since(deleted); took < wait {
+		t.Fatalf("released %s after the deletion, before the %s grace or the Lease's %s duration", took, grace, leaseDuration)
 	}
 	e.eventually("the node gone", func() bool { return e.gone("n1") })
 	if e.pvc(ns, "data-db-1") == nil || !e.pvExists("pv-data-db-1") {
@@ -353,7 +365,9 @@ func TestNodeLossRemoveFinalizers(t *testing.T) {
 // hold their images, until the admin deletes the record.
 func TestNodeLossRecordsReleasedVolumes(t *testing.T) {
 	nodeloss.RecordsResync = 200 * time.Millisecond
-	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace = time.Second; r.Namespace = "podvol-system" })
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) {
+		r.Grace, r.LeaseDuration, r.Namespace = time.Second, time.Second, "podvol-system"
+	})
 	e.ns("podvol-system")
 	ns := e.ns("records")
 	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
