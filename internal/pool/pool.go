@@ -417,15 +417,25 @@ func (p *Pool) Recover(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// ImageBacked reports whether a loop device's backing file (as /sys shows it)
-// is an image of this pool, and returns the volume id.
-func (p *Pool) ImageBacked(backing string) (string, bool) {
-	backing = strings.TrimSuffix(backing, " (deleted)")
-	if filepath.Dir(backing) != p.volDir {
+// LoopImage reports whether loop device dev, listed by LoopDevices with
+// backing, serves a volume image of this pool, and returns the volume id.
+// The path the kernel reports is the one in the mount namespace that
+// attached the device: this plugin's earlier container reports another
+// directory for this pool's images, and another node's plugin on the same
+// kernel (the dev cluster) reports this very pool's path for images of its
+// own pool. So the path only names a candidate, by its file name; the
+// image's device and inode decide. A loop device whose backing file was
+// deleted cannot be told apart from another pool's and is never ours.
+func (p *Pool) LoopImage(dev, backing string) (string, bool) {
+	name := filepath.Base(backing)
+	if !strings.HasSuffix(name, ".img") {
 		return "", false
 	}
-	id := strings.TrimSuffix(filepath.Base(backing), ".img")
-	return id, ValidID(id)
+	id := strings.TrimSuffix(name, ".img")
+	if !ValidID(id) || !p.dev.LoopServes(dev, p.ImagePath(id)) {
+		return "", false
+	}
+	return id, true
 }
 
 // Unwritten returns how many bytes the pool filesystem has free and how many
