@@ -8,6 +8,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -423,4 +424,139 @@ func releasedGauge(t *testing.T, node string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// records returns the entries of every ConfigMap in ns that records the
+// volumes released from node, and how many ConfigMaps hold them.
+func (e *env) records(ns, node string) (map[string]string, int) {
+	e.t.Helper()
+	l := &corev1.ConfigMapList{}
+	e.must(e.c.List(bg, l, client.InNamespace(ns), client.MatchingLabels{nodeloss.ReleasedLabel: "true"}))
+	all, n := map[string]string{}, 0
+	for _, cm := range l.Items {
+		if cm.Annotations[nodeloss.ReleasedNodeAnnotation] != node {
+			continue
+		}
+		n++
+		for k, v := range cm.Data {
+			if _, dup := all[k]; dup {
+				e.t.Fatalf("PV %s recorded twice for node %s", k, node)
+			}
+			all[k] = v
+		}
+	}
+	return all, n
+}
+
+// A node lost again whose record of earlier releases is near the API's
+// 1 MiB object limit (issue 25, item 6: a few thousand released PVs, never
+// trimmed): today's release is written down all the same, beside it, and the
+// node goes; the node that comes back is told of every one of them.
+func TestNodeLossRecordNearTheLimit(t *testing.T) {
+	nodeloss.RecordsResync = 200 * time.Millisecond
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) {
+		r.Grace, r.LeaseDuration, r.Namespace = time.Second, time.Second, "podvol-system"
+	})
+	e.ns("podvol-system")
+	ns := e.ns("near-limit")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+
+	// The record earlier losses of n1 left, as node-loss writes it:
+	// 2,621 entries whose values of 400 bytes come to 160 bytes short of
+	// 1 MiB, the most the API takes (it counts a ConfigMap's values).
+	old := map[string]string{}
+	size := 0
+	for i := 0; size+400 <= 1<<20-160; i++ {
+		k := fmt.Sprintf("pv-old-%05d", i)
+		v := fmt.Sprintf("volumeHandle=%s claim=tenant/data-%05d released=2026-11-01T00:00:00Z", k, i)
+		v += " " + strings.Repeat("x", 400-len(v)-1)
+		old[k] = v
+		size += len(v)
+	}
+	e.must(e.c.Create(bg, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "podvol-system", Name: nodeloss.ReleasedRecordName("n1"),
+		Labels:      map[string]string{nodeloss.ReleasedLabel: "true", "app.kubernetes.io/managed-by": "podvol-controller"},
+		Annotations: map[string]string{nodeloss.ReleasedNodeAnnotation: "n1"}}, Data: old}))
+	t.Logf("record of earlier losses: %d entries, %d bytes", len(old), size)
+
+	for i := range 3 {
+		e.boundOn(ns, fmt.Sprintf("data-db-%d", i), "podvol", "n1")
+	}
+	e.must(e.c.Delete(bg, n))
+	e.eventually("the lost node's volumes released and the node gone", func() bool {
+		return !e.pvExists("pv-data-db-0") && !e.pvExists("pv-data-db-1") && !e.pvExists("pv-data-db-2") && e.gone("n1")
+	})
+	all, shards := e.records("podvol-system", "n1")
+	for i := range 3 {
+		if v := all[fmt.Sprintf("pv-data-db-%d", i)]; !strings.Contains(v, fmt.Sprintf("volumeHandle=pv-data-db-%d claim=%s/data-db-%d", i, ns, i)) {
+			t.Fatalf("pv-data-db-%d recorded as %q", i, v)
+		}
+	}
+	if want := len(old) + 3; len(all) != want {
+		t.Fatalf("%d entries recorded for n1, want %d", len(all), want)
+	}
+	t.Logf("%d entries in %d ConfigMaps", len(all), shards)
+
+	// The node comes back: one event and the metric count every record.
+	e.must(e.c.Delete(bg, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}))
+	e.eventually("the old CSINode gone", func() bool {
+		return apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Name: "n1"}, &storagev1.CSINode{}))
+	})
+	e.node("n1", "podvol.io")
+	want := fmt.Sprintf("%s: %d volume(s) were released while this node was lost", nodeloss.ReasonReleasedVolumes, len(old)+3)
+	e.eventually("an event on the node that is back", func() bool { return strings.Contains(e.events(metav1.NamespaceDefault, "n1"), want) })
+	t.Logf("event: %s", e.events(metav1.NamespaceDefault, "n1"))
+	e.eventually("the metric counting them", func() bool { v, ok := releasedGauge(t, "n1"); return ok && int(v) == len(old)+3 })
+}
+
+// One release too large for one record (a small budget here; the API's
+// limit is 1 MiB) is spread over several, and nothing is lost.
+func TestNodeLossRecordSpreads(t *testing.T) {
+	was := nodeloss.RecordBytes
+	nodeloss.RecordBytes = 1024
+	t.Cleanup(func() { nodeloss.RecordBytes = was })
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) {
+		r.Grace, r.LeaseDuration, r.Namespace = time.Second, time.Second, "podvol-system"
+	})
+	e.ns("podvol-system")
+	ns := e.ns("spread")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+	const pvs = 30
+	for i := range pvs {
+		e.boundOn(ns, fmt.Sprintf("data-db-%d", i), "podvol", "n1")
+	}
+	e.must(e.c.Delete(bg, n))
+	e.eventually("the lost node's volumes released and the node gone", func() bool { return e.gone("n1") })
+	all, shards := e.records("podvol-system", "n1")
+	if len(all) != pvs || shards < 3 {
+		t.Fatalf("%d entries in %d ConfigMaps, want %d in 3 or more", len(all), shards, pvs)
+	}
+	t.Logf("%d entries in %d ConfigMaps of at most %d bytes", len(all), shards, nodeloss.RecordBytes)
+}
+
+// A record that cannot be written (here: podvol's namespace does not exist)
+// holds the release back, and says so on the Node, not only in a log line;
+// once it can be written, the release goes on.
+func TestNodeLossRecordFailureIsVisible(t *testing.T) {
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) {
+		r.Grace, r.LeaseDuration, r.Namespace = time.Second, time.Second, "podvol-records-missing"
+	})
+	ns := e.ns("record-failure")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+	e.boundOn(ns, "data-db-0", "podvol", "n1")
+	e.must(e.c.Delete(bg, n))
+	e.eventually("a Warning event on the Node", func() bool {
+		return strings.Contains(e.events(metav1.NamespaceDefault, "n1"), nodeloss.ReasonReleaseFailed+": ")
+	})
+	t.Logf("event: %s", e.events(metav1.NamespaceDefault, "n1"))
+	if !e.pvExists("pv-data-db-0") || e.gone("n1") {
+		t.Fatal("released without a record")
+	}
+	e.ns("podvol-records-missing")
+	e.eventually("the release once the record can be written", func() bool { return !e.pvExists("pv-data-db-0") && e.gone("n1") })
 }

@@ -49,6 +49,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -95,6 +96,9 @@ const (
 	ReasonNotLost = "NodeNotLost"
 	// ReasonWaiting: the Node was deleted; the controller watches its Lease.
 	ReasonWaiting = "WaitingForNodeLease"
+	// ReasonReleaseFailed: the node is lost, but its volumes could not be
+	// released (or written down first) yet; the Node is held until they are.
+	ReasonReleaseFailed = "NodeLossReleaseFailed"
 )
 
 // Reconciler releases the volumes of lost nodes.
@@ -206,6 +210,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		logger.Info("Node deleted and its Lease not renewed for the grace period: releasing its volumes",
 			"node", node.Name, "lease", lease, "grace", r.grace(), "wait", wait)
 		if err := r.release(ctx, node.Name, wait); err != nil {
+			// Retried with backoff; without an event the Node would
+			// only look stuck in Terminating.
+			r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonReleaseFailed, "Release",
+				"Node lost, but its podvol volumes cannot be released yet, so the Node stays (Terminating) and podvol retries: %s", brief(err))
 			return ctrl.Result{}, err
 		}
 	}
@@ -214,6 +222,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	r.forget(node.Name)
 	return ctrl.Result{}, nil
+}
+
+// brief is an error's message cut to fit an event (whose message the API
+// limits to 1 kB).
+func brief(err error) string {
+	const most = 700
+	if m := err.Error(); len(m) > most {
+		return strings.ToValidUTF8(m[:most], "") + "..."
+	}
+	return err.Error()
 }
 
 // holdIfPodvol adds the finalizer to a live node whose CSINode lists the
