@@ -165,5 +165,9 @@ func run(c runConfig) error {
 		return err
 	}
 	klog.InfoS("Starting podvol-controller", "version", version, "controllers", c.controllers, "nodeLossGracePeriod", c.grace)
+	if c.grace < nodeloss.DefaultLeaseDuration {
+		klog.InfoS("--node-loss-grace-period is shorter than the kubelet's default node Lease duration: node-loss waits for each deleted Node's Lease duration instead, so that a live kubelet's next renewal is seen",
+			"nodeLossGracePeriod", c.grace, "defaultLeaseDuration", nodeloss.DefaultLeaseDuration)
+	}
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

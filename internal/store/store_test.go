@@ -136,7 +136,11 @@ func TestDeletedSnapshotsAreRememberedForAWhile(t *testing.T) {
 	if s, err = Open(path); err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	if d, err := s.DeletedSnapshot("snap-1"); err != nil || !d {
 		t.Fatalf("a snapshot just deleted: deleted %v, %v", d, err)
 	}

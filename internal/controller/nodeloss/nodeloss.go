@@ -83,9 +83,9 @@ const Finalizer = "podvol.io/release-local-volumes"
 // data no sooner than Kubernetes itself gives up on the node's pods.
 const DefaultGrace = 5 * time.Minute
 
-// defaultLeaseDuration is the kubelet's default nodeLeaseDurationSeconds,
-// for a Lease that does not say.
-const defaultLeaseDuration = 40 * time.Second
+// DefaultLeaseDuration is the kubelet's default nodeLeaseDurationSeconds,
+// for a Lease that does not say (or is missing: Reconciler.LeaseDuration).
+const DefaultLeaseDuration = 40 * time.Second
 
 // Event reasons.
 const (
@@ -334,7 +334,7 @@ func (r *Reconciler) readLease(ctx context.Context, nodeName string) (leaseState
 		}
 		return leaseState{}, fmt.Errorf("read Lease %s/%s: %w", corev1.NamespaceNodeLease, nodeName, err)
 	}
-	s := leaseState{Present: true, UID: l.UID, Duration: defaultLeaseDuration}
+	s := leaseState{Present: true, UID: l.UID, Duration: DefaultLeaseDuration}
 	if l.Spec.RenewTime != nil {
 		s.Renewed = l.Spec.RenewTime.Time
 	}
@@ -350,7 +350,7 @@ func (r *Reconciler) readLease(ctx context.Context, nodeName string) (leaseState
 type leaseWatch struct {
 	node     types.UID
 	last     leaseState
-	assumed  time.Duration // the duration of a Lease missing at the first reading (defaultLeaseDuration if zero)
+	assumed  time.Duration // the duration of a Lease missing at the first reading (DefaultLeaseDuration if zero)
 	duration time.Duration // the Lease's duration, while it was there
 	since    time.Time     // first reading: when the deletion was first seen
 	clear    time.Time     // start of the current run of readings without a blind spot
@@ -386,7 +386,7 @@ func (w *leaseWatch) observe(now time.Time, cur leaseState, grace, maxGap time.D
 		w.last, w.since, w.clear, w.lastRead = cur, now, now, now
 		w.duration = w.assumed
 		if w.duration <= 0 {
-			w.duration = defaultLeaseDuration
+			w.duration = DefaultLeaseDuration
 		}
 		if cur.Present {
 			w.duration = cur.Duration
