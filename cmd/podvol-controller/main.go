@@ -45,7 +45,7 @@ func main() {
 		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import,source-placement", "controllers to run")
 		driver      = flag.String("driver", names.Driver, "CSI driver whose volumes node-loss releases, whose StorageClasses the admission policies check and whose restores and clones source-placement places")
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
-			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released; a renewal seen after the deletion means the node lives, and nothing is released")
+			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released (never less than the Lease's own duration, 40s by default); a renewal seen after the deletion means the node lives, and nothing is released")
 		ephemeralWorkers = flag.Int("concurrent-ephemeralvolume-syncs", ephemeral.DefaultWorkers, "ephemeral-volume: how many pods get their claims at once (kube-controller-manager's flag of the same name)")
 		apiQPS           = flag.Float64("kube-api-qps", 50, "queries per second to the API server, all controllers together")
 		apiBurst         = flag.Int("kube-api-burst", 100, "burst of queries to the API server above --kube-api-qps")
@@ -165,5 +165,9 @@ func run(c runConfig) error {
 		return err
 	}
 	klog.InfoS("Starting podvol-controller", "version", version, "controllers", c.controllers, "nodeLossGracePeriod", c.grace)
+	if c.grace < nodeloss.DefaultLeaseDuration {
+		klog.InfoS("--node-loss-grace-period is shorter than the kubelet's default node Lease duration: node-loss waits for each deleted Node's Lease duration instead, so that a live kubelet's next renewal is seen",
+			"nodeLossGracePeriod", c.grace, "defaultLeaseDuration", nodeloss.DefaultLeaseDuration)
+	}
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -144,21 +144,23 @@ func (c *Cluster) unmountAll() error {
 	umount(true)
 	// Loop devices of volumes whose images live in a pool. The plugin
 	// attached them inside its container, where the path differs, so they
-	// are matched by the images' device and inode numbers.
-	images := map[[2]uint64]bool{}
+	// are matched by the images' device and inode numbers, and detached
+	// as serving the image at its path here.
+	images := map[[2]uint64]string{}
 	for pool := range pools {
 		_ = filepath.WalkDir(pool, func(p string, d os.DirEntry, err error) error {
 			var st syscall.Stat_t
 			if err == nil && d.Type().IsRegular() && syscall.Stat(p, &st) == nil {
-				images[[2]uint64{st.Dev, st.Ino}] = true
+				images[[2]uint64{st.Dev, st.Ino}] = p
 			}
 			return nil
 		})
 	}
 	loops, _ := device.LoopDevices()
-	for dev, backing := range loops {
-		if d, ino, err := device.LoopInode(dev); err == nil && images[[2]uint64{d, ino}] {
-			if err := device.DetachLoop(dev, backing); err != nil {
+	for dev := range loops {
+		d, ino, err := device.LoopInode(dev)
+		if img, ok := images[[2]uint64{d, ino}]; err == nil && ok {
+			if err := device.DetachLoop(dev, img); err != nil {
 				errs = append(errs, err)
 			}
 		}

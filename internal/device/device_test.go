@@ -1,6 +1,7 @@
 package device
 
 import (
+	"bufio"
 	"context"
 	"os"
 	"os/exec"
@@ -181,5 +182,73 @@ func TestLoopsOfAnotherMountNamespace(t *testing.T) {
 	}
 	if devs, _ := LoopsFor(img); len(devs) != 0 {
 		t.Fatalf("still attached after DetachLoop: %v", devs)
+	}
+}
+
+// attachElsewhere attaches, from a mount namespace of its own where dir from
+// is bind-mounted over dir over, the file named name there (from's, not
+// over's), as another node's plugin on the same kernel does with its own
+// pool at the same in-container path. The namespace lives until the test
+// ends (the kernel reports the path in a live namespace as it was given),
+// then the loop device is detached and the namespace's process ended, by
+// PID.
+func attachElsewhere(t *testing.T, over, from, name string) string {
+	t.Helper()
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" "$2" && losetup --find --show "$2/$3" && exec sleep 3600`, "sh", from, over, name)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	dev := strings.TrimSpace(line)
+	t.Cleanup(func() {
+		// Only while it is still ours: a number freed meanwhile may
+		// serve someone else's file now.
+		if dev != "" && LoopBackingFile(dev) == filepath.Join(over, name) {
+			_ = exec.Command("losetup", "-d", dev).Run()
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	if err != nil || !strings.HasPrefix(dev, "/dev/loop") {
+		t.Fatalf("attach %s/%s from another mount namespace: %q, %v\n%s", over, name, line, err, stderr.String())
+	}
+	return dev
+}
+
+// Two pools at the same path in two mount namespaces (node plugins of the
+// dev cluster share one kernel): a loop device of the other pool's image
+// reports exactly this pool's image path, and must not be detached as this
+// pool's (issue 25, item 7).
+func TestDetachLeavesAnotherNamespacesLoopAtTheSamePath(t *testing.T) {
+	img := image(t, 8<<20)
+	ours, theirs := filepath.Dir(img), t.TempDir()
+	f, err := os.Create(filepath.Join(theirs, filepath.Base(img)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(8 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	dev := attachElsewhere(t, ours, theirs, filepath.Base(img))
+	t.Logf("%s attached in another mount namespace to its pool's %s; the kernel reports %q", dev, filepath.Base(img), LoopBackingFile(dev))
+	if LoopServes(dev, img) {
+		t.Fatalf("LoopServes(%s, %s) = true for the other pool's file", dev, img)
+	}
+	if devs, _ := LoopsFor(img); len(devs) != 0 {
+		t.Fatalf("LoopsFor(%s) = %v: the other pool's device", img, devs)
+	}
+	if err := DetachLoop(dev, img); err != nil {
+		t.Fatal(err)
+	}
+	if LoopBackingFile(dev) == "" {
+		t.Fatalf("DetachLoop(%s, %s) detached the other namespace's loop device, whose backing file only has the same path", dev, img)
 	}
 }

@@ -287,13 +287,19 @@ func openLoopNode(dev string, n int) (*os.File, error) {
 	return f, nil
 }
 
-// DetachLoop detaches dev if it still serves backing, the file it was
-// listed with (as LoopDevices reports it): the kernel hands a loop number
-// out again as soon as it is free, so a number listed a moment ago may now
-// serve another process's file, which must be left alone. A device that is
-// free, or serves something else, is not an error, so that retries converge.
-// A device that is still held (mounted) is detached by the kernel when its
-// last user goes.
+// DetachLoop detaches dev if it still serves backing, the image it was
+// found for: the kernel hands a loop number out again as soon as it is free,
+// so a number listed a moment ago may now serve another process's file,
+// which must be left alone. "Serves" is decided by the file's device and
+// inode (LoopServes), never by the path the kernel reports: that path is the
+// one in the mount namespace that attached the device, and another
+// namespace (another node's plugin on the same kernel, as on the dev
+// cluster) may have its own, different file at the very same path. Only a
+// backing file that is gone, listed by LoopDevices with the suffix
+// " (deleted)", has nothing left to compare but that report, which must
+// then match exactly. A device that is free, or serves something else, is
+// not an error, so that retries converge. A device that is still held
+// (mounted) is detached by the kernel when its last user goes.
 func DetachLoop(dev, backing string) error {
 	if backing == "" {
 		return nil
@@ -310,9 +316,10 @@ func DetachLoop(dev, backing string) error {
 	// to it: a detach by anyone else only marks it to detach on the last
 	// close, and a bound device cannot be attached again. So the check
 	// below holds for the ioctl after it.
-	// backing as the kernel reports it (LoopDevices), or the same file
-	// under this namespace's path (see LoopsFor).
-	serves := func() bool { return LoopBackingFile(dev) == backing || LoopServes(dev, backing) }
+	serves := func() bool { return LoopServes(dev, backing) }
+	if strings.HasSuffix(backing, deletedSuffix) {
+		serves = func() bool { return LoopBackingFile(dev) == backing }
+	}
 	if !serves() {
 		f.Close()
 		return nil
@@ -336,9 +343,13 @@ func DetachLoop(dev, backing string) error {
 	return nil
 }
 
+// deletedSuffix ends the path the kernel reports for a backing file that
+// was deleted.
+const deletedSuffix = " (deleted)"
+
 // LoopDevices maps each attached loop device to its backing file, as the
-// kernel reports it. A backing file that was deleted carries the suffix
-// " (deleted)".
+// kernel reports it: the path in the mount namespace that attached it. A
+// backing file that was deleted carries the suffix " (deleted)".
 func LoopDevices() (map[string]string, error) {
 	entries, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	if err != nil {

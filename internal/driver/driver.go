@@ -77,7 +77,7 @@ func toStatus(err error) error {
 		code = codes.AlreadyExists
 	case errors.Is(err, pool.ErrNoSpace):
 		code = codes.ResourceExhausted
-	case errors.Is(err, pool.ErrInUse), errors.Is(err, pool.ErrNotStaged), errors.Is(err, pool.ErrUnusable):
+	case errors.Is(err, pool.ErrInUse), errors.Is(err, pool.ErrNotStaged), errors.Is(err, pool.ErrUnusable), errors.Is(err, pool.ErrElsewhere):
 		code = codes.FailedPrecondition
 	case errors.Is(err, pool.ErrOutOfRange):
 		code = codes.OutOfRange

@@ -36,6 +36,12 @@ func newFakeNode(t *testing.T) *fakeNode { return newFakeNodeReflink(t, false) }
 // or not.
 func newFakeNodeReflink(t *testing.T, reflink bool) *fakeNode {
 	t.Helper()
+	return newFakeNodeNamed(t, "node-1", reflink)
+}
+
+// newFakeNodeNamed is a fake node of that name, with a pool of its own.
+func newFakeNodeNamed(t *testing.T, nodeID string, reflink bool) *fakeNode {
+	t.Helper()
 	dir, err := filepath.EvalSymlinks(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +61,7 @@ func newFakeNodeReflink(t *testing.T, reflink bool) *fakeNode {
 	kubelet := filepath.Join(dir, "kubelet")
 	locks := &keylock.Locks{}
 	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: kubelet, Device: dev, Locks: locks}
-	d := New(Config{NodeID: "node-1", Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: pool.GiB})
+	d := New(Config{NodeID: nodeID, Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: pool.GiB})
 	return &fakeNode{t: t, d: d, dev: dev, kubelet: kubelet}
 }
 

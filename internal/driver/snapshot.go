@@ -81,6 +81,21 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: delete it through that node's plugin (label its VolumeSnapshotContent snapshot.storage.kubernetes.io/managed-by=<node>)", status.Convert(err).Message())
 	}
 	defer d.locks.Lock(id)()
+	if _, node := snaphandle.Parse(req.GetSnapshotId()); node == "" {
+		// A handle that names no node may be any node's: reporting a
+		// snapshot this node never held as deleted would drop its
+		// VolumeSnapshotContent and leave its image on its node for
+		// ever. Refused instead (FAILED_PRECONDITION), csi-snapshotter
+		// keeps the content and retries, and its events say where to
+		// send it.
+		if err := d.cfg.Pool.DeleteHeldSnapshot(id); err != nil {
+			if errors.Is(err, pool.ErrElsewhere) {
+				return nil, status.Errorf(codes.FailedPrecondition, "snapshot %q names no node, and this node (%s) never held it: it is on another node. Label its VolumeSnapshotContent snapshot.storage.kubernetes.io/managed-by=<that node> so that that node's csi-snapshotter deletes it", req.GetSnapshotId(), d.cfg.NodeID)
+			}
+			return nil, toStatus(err)
+		}
+		return &csi.DeleteSnapshotResponse{}, nil
+	}
 	if err := d.cfg.Pool.DeleteSnapshot(id); err != nil {
 		return nil, toStatus(err)
 	}

@@ -75,3 +75,42 @@ func TestSnapshotHandlesNameTheirNode(t *testing.T) {
 func fromSnapshot(id string) *csi.VolumeContentSource {
 	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
 }
+
+// A handle that names no node (made before handles named nodes, or on a
+// node whose name makes the handle too long) reaches whichever node its
+// VolumeSnapshotContent is labelled for. Sent to a node that never held it,
+// DeleteSnapshot must not report it deleted (issue 25, item 8): the content
+// would go and the image stay on its node for ever. The node that held it
+// reports it deleted, again and again.
+func TestDeleteSnapshotOfAHandleNamingNoNode(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	other := newFakeNodeNamed(t, "node-2", false)
+	id, _ := f.createStaged(nil)
+	s, err := f.d.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap", SourceVolumeId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeless, _ := snaphandle.Parse(s.GetSnapshot().GetSnapshotId())
+
+	_, err = other.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: nodeless})
+	wantCode(t, err, codes.FailedPrecondition, "DeleteSnapshot of a handle naming no node, on a node that never held it")
+	t.Logf("node-2: %v", err)
+	if _, err := f.d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: nodeless}); err != nil {
+		t.Fatalf("the snapshot on node-1 after node-2 refused its delete: %v", err)
+	}
+	for i := range 2 {
+		if _, err := f.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: nodeless}); err != nil {
+			t.Fatalf("DeleteSnapshot %d on the node that held it: %v", i+1, err)
+		}
+	}
+	_, err = f.d.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: nodeless})
+	wantCode(t, err, codes.NotFound, "GetSnapshot after delete")
+	// Still refused on the other node; and an id podvol never makes is
+	// no snapshot anywhere (csi-sanity's "reallyfakesnapshotid").
+	_, err = other.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: nodeless})
+	wantCode(t, err, codes.FailedPrecondition, "DeleteSnapshot on node-2 once node-1 deleted it")
+	if _, err := other.d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: "reallyfakesnapshotid"}); err != nil {
+		t.Fatalf("DeleteSnapshot of an id podvol never makes: %v", err)
+	}
+}

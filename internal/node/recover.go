@@ -104,15 +104,16 @@ func (n *Node) Recover(ctx context.Context) error {
 		return errors.Join(append(errs, err)...)
 	}
 	for dev, backing := range loops {
-		if _, ours := n.pool.ImageBacked(backing); !ours || owned[dev] {
+		id, ours := n.pool.LoopImage(dev, backing)
+		if !ours || owned[dev] {
 			continue
 		}
 		if mnts, _ := n.dev.MountsOf(dev); len(mnts) > 0 {
 			klog.InfoS("Leaving mounted loop device that no stage records", "device", dev, "backing", backing, "mounts", mnts)
 			continue
 		}
-		klog.InfoS("Detaching loop device that no stage owns", "device", dev, "backing", backing)
-		if err := n.dev.DetachLoop(dev, backing); err != nil {
+		klog.InfoS("Detaching loop device that no stage owns", "device", dev, "backing", backing, "volume", id)
+		if err := n.dev.DetachLoop(dev, n.pool.ImagePath(id)); err != nil {
 			errs = append(errs, err)
 		}
 	}

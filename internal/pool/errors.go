@@ -16,4 +16,7 @@ var (
 	ErrUnusable   = errors.New("pool unusable")
 	// ErrUnaccounted: the pool holds images its store does not know.
 	ErrUnaccounted = errors.New("images the metadata store does not account for")
+	// ErrElsewhere: a snapshot this pool never held, which is therefore
+	// on another node's.
+	ErrElsewhere = errors.New("not on this node")
 )

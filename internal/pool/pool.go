@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -277,6 +278,12 @@ func (p *Pool) finishCreate(ctx context.Context, v *store.Volume, r CreateReques
 		}
 		return nil, err
 	}
+	if err := writeParameters(p.ImagePath(v.ID), v.Parameters); err != nil {
+		if rerr := p.removeVolume(v.ID); rerr != nil {
+			klog.ErrorS(rerr, "Removing a volume whose creation failed", "volume", v.ID)
+		}
+		return nil, fmt.Errorf("volume %s: %w", v.ID, err)
+	}
 	failpoint.Hit("create-after-image")
 	return p.store.Update(v.ID, func(v *store.Volume) error {
 		v.State = store.Ready
@@ -289,6 +296,58 @@ func sameSource(a, b *store.Source) bool {
 		return a == b
 	}
 	return *a == *b
+}
+
+// parametersXattr holds, on a volume's image, the StorageClass parameters
+// it was created with: the store is not their only copy, so a volume
+// adopted after the store was lost (--unknown-images=adopt) keeps them. A
+// direct-assigned volume adopted without its directAssign would be mounted
+// on the host, with a filesystem a guest wrote, instead of being handed to
+// its microVM. A user.* attribute: the pool's filesystems (ext4, xfs,
+// btrfs) and tmpfs keep them, and the plugin needs no privilege for it.
+const parametersXattr = "user.podvol.parameters"
+
+// writeParameters records params on the image (none: no attribute, should
+// a copy have brought its source's). A filesystem without user attributes
+// only costs them at adoption.
+func writeParameters(img string, params map[string]string) error {
+	var err error
+	if len(params) == 0 {
+		if err = unix.Lremovexattr(img, parametersXattr); errors.Is(err, unix.ENODATA) {
+			return nil
+		}
+	} else {
+		var b []byte
+		if b, err = json.Marshal(params); err != nil {
+			return err
+		}
+		err = unix.Lsetxattr(img, parametersXattr, b, 0)
+	}
+	if errors.Is(err, unix.ENOTSUP) {
+		klog.InfoS("The pool's filesystem keeps no user attributes: a volume adopted after a loss of the metadata store will have default parameters", "image", img)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("record the parameters on image %s: %w", img, err)
+	}
+	return nil
+}
+
+// readParameters returns the parameters recorded on the image, nil if none.
+func readParameters(img string) (map[string]string, error) {
+	buf := make([]byte, 4096)
+	n, err := unix.Lgetxattr(img, parametersXattr, buf)
+	if errors.Is(err, unix.ENODATA) || errors.Is(err, unix.ENOTSUP) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the parameters recorded on image %s: %w", img, err)
+	}
+	var params map[string]string
+	if err := json.Unmarshal(buf[:n], &params); err != nil {
+		return nil, fmt.Errorf("parameters recorded on image %s: %w", img, err)
+	}
+	return params, nil
 }
 
 // makeImage creates a sparse file of size bytes. An image left by a crashed
@@ -417,15 +476,25 @@ func (p *Pool) Recover(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// ImageBacked reports whether a loop device's backing file (as /sys shows it)
-// is an image of this pool, and returns the volume id.
-func (p *Pool) ImageBacked(backing string) (string, bool) {
-	backing = strings.TrimSuffix(backing, " (deleted)")
-	if filepath.Dir(backing) != p.volDir {
+// LoopImage reports whether loop device dev, listed by LoopDevices with
+// backing, serves a volume image of this pool, and returns the volume id.
+// The path the kernel reports is the one in the mount namespace that
+// attached the device: this plugin's earlier container reports another
+// directory for this pool's images, and another node's plugin on the same
+// kernel (the dev cluster) reports this very pool's path for images of its
+// own pool. So the path only names a candidate, by its file name; the
+// image's device and inode decide. A loop device whose backing file was
+// deleted cannot be told apart from another pool's and is never ours.
+func (p *Pool) LoopImage(dev, backing string) (string, bool) {
+	name := filepath.Base(backing)
+	if !strings.HasSuffix(name, ".img") {
 		return "", false
 	}
-	id := strings.TrimSuffix(filepath.Base(backing), ".img")
-	return id, ValidID(id)
+	id := strings.TrimSuffix(name, ".img")
+	if !ValidID(id) || !p.dev.LoopServes(dev, p.ImagePath(id)) {
+		return "", false
+	}
+	return id, true
 }
 
 // Unwritten returns how many bytes the pool filesystem has free and how many

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -530,5 +531,32 @@ func TestOpenIsQuick(t *testing.T) {
 	newEnv(t, 0) // capacity from the real statfs of the pool's directory
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("open took %v", d)
+	}
+}
+
+// A volume adopted after its store was lost keeps the StorageClass
+// parameters it was created with (issue 25, item 8): a direct-assigned
+// volume adopted as directAssign=never would be mounted on the host, with a
+// filesystem a guest wrote, instead of being handed to its microVM. A clone
+// carries its own request's parameters.
+func TestAdoptKeepsParameters(t *testing.T) {
+	e := newEnv(t, 10*GiB)
+	params := map[string]string{"directAssign": "always", "fsGroupChangePolicy": "OnRootMismatch"}
+	v, err := e.p.CreateVolume(ctx, pool.CreateRequest{Name: "kata", SizeBytes: 64 * MiB, FsType: "ext4", Parameters: params})
+	must(t, err)
+	clone, err := e.p.CreateVolume(ctx, pool.CreateRequest{Name: "clone", SizeBytes: 64 * MiB, FsType: "ext4",
+		Parameters: map[string]string{"directAssign": "auto"}, Source: &store.Source{Kind: store.FromVolume, ID: v.ID}})
+	must(t, err)
+	plain := e.create("plain", 64*MiB)
+	must(t, e.p.Close())
+	e.p = nil
+	must(t, os.Remove(filepath.Join(e.dir, "podvol.db")))
+	must(t, e.reopen(pool.UnknownAdopt))
+	for id, want := range map[string]map[string]string{v.ID: params, clone.ID: {"directAssign": "auto"}, plain.ID: nil} {
+		got, err := e.p.Store().Volume(id)
+		must(t, err)
+		if !maps.Equal(got.Parameters, want) {
+			t.Fatalf("adopted volume %s has parameters %v, want %v", id, got.Parameters, want)
+		}
 	}
 }

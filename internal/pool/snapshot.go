@@ -195,6 +195,35 @@ func (p *Pool) DeleteSnapshot(id string) error {
 	return p.removeSnapshot(id)
 }
 
+// DeleteHeldSnapshot deletes a snapshot named by a handle that names no
+// node, which may be any node's. A snapshot this pool holds is deleted, one
+// it deleted (within store.DeletedRetention) is done; one it never held is
+// on another node and is left alone: ErrElsewhere, not success, or its
+// VolumeSnapshotContent would go while its image stays on its node for
+// ever. Snapshot ids are random and made by one pool, so "never held" is
+// known here. An id of a shape this pool never makes is no snapshot
+// anywhere: done.
+func (p *Pool) DeleteHeldSnapshot(id string) error {
+	if !ValidSnapshotID(id) {
+		return nil
+	}
+	_, err := p.store.Snapshot(id)
+	if errors.Is(err, store.ErrNotFound) {
+		deleted, err := p.store.DeletedSnapshot(id)
+		if err != nil {
+			return fmt.Errorf("snapshot %s: %w", id, err)
+		}
+		if deleted {
+			return nil
+		}
+		return fmt.Errorf("snapshot %s was never in this node's pool: %w", id, ErrElsewhere)
+	}
+	if err != nil {
+		return err
+	}
+	return p.DeleteSnapshot(id)
+}
+
 func (p *Pool) removeSnapshot(id string) error {
 	if err := os.Remove(p.SnapshotPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove snapshot image: %w", err)

@@ -149,14 +149,21 @@ func (p *Pool) adopt(ctx context.Context, u unknownImage) error {
 		fs = "ext4"
 	}
 	now := time.Now().UTC()
+	var params map[string]string
 	if u.snapshot {
 		err = p.store.CreateSnapshot(&store.Snapshot{ID: u.id, Name: AdoptedPrefix + u.id, SizeBytes: fi.Size(), FsType: fs, State: store.Ready, Created: now})
 	} else {
-		err = p.store.Create(&store.Volume{ID: u.id, Name: AdoptedPrefix + u.id, SizeBytes: fi.Size(), FsType: fs, State: store.Ready, Created: now})
+		var perr error
+		if params, perr = readParameters(u.path); perr != nil {
+			// The data matters more than its parameters: adopted
+			// with the defaults, as an image without them is.
+			klog.ErrorS(perr, "Adopting a volume with default parameters: those recorded on its image cannot be read", "id", u.id)
+		}
+		err = p.store.Create(&store.Volume{ID: u.id, Name: AdoptedPrefix + u.id, SizeBytes: fi.Size(), FsType: fs, Parameters: params, State: store.Ready, Created: now})
 	}
 	if err != nil {
 		return fmt.Errorf("adopt %s: %w", u.path, err)
 	}
-	klog.InfoS("Adopted an image the metadata store did not know", "id", u.id, "snapshot", u.snapshot, "sizeBytes", fi.Size(), "fsType", fs)
+	klog.InfoS("Adopted an image the metadata store did not know", "id", u.id, "snapshot", u.snapshot, "sizeBytes", fi.Size(), "fsType", fs, "parameters", params)
 	return nil
 }

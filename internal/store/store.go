@@ -21,6 +21,10 @@ var (
 	bucketNames         = []byte("volume-names")
 	bucketSnapshots     = []byte("snapshots")
 	bucketSnapshotNames = []byte("snapshot-names")
+	// Snapshots deleted lately: id -> time, and time+id -> nothing (to
+	// trim the oldest first). See DeletedSnapshot.
+	bucketDeletedSnapshots     = []byte("deleted-snapshots")
+	bucketDeletedSnapshotTimes = []byte("deleted-snapshot-times")
 )
 
 // Volume states. A volume is written as Creating before its image exists and
@@ -137,7 +141,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketVolumes, bucketNames, bucketSnapshots, bucketSnapshotNames} {
+		for _, b := range [][]byte{bucketVolumes, bucketNames, bucketSnapshots, bucketSnapshotNames, bucketDeletedSnapshots, bucketDeletedSnapshotTimes} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -149,10 +153,11 @@ func Open(path string) (*Store, error) {
 	}
 	l := &ledger{}
 	s := &Store{
-		db:        db,
-		ledger:    l,
-		volumes:   table[Volume]{db: db, ledger: l, kind: "volume", records: bucketVolumes, names: bucketNames, id: func(v *Volume) string { return v.ID }, name: func(v *Volume) string { return v.Name }, usage: volumeUsage},
-		snapshots: table[Snapshot]{db: db, ledger: l, kind: "snapshot", records: bucketSnapshots, names: bucketSnapshotNames, id: func(s *Snapshot) string { return s.ID }, name: func(s *Snapshot) string { return s.Name }, usage: snapshotUsage},
+		db:      db,
+		ledger:  l,
+		volumes: table[Volume]{db: db, ledger: l, kind: "volume", records: bucketVolumes, names: bucketNames, id: func(v *Volume) string { return v.ID }, name: func(v *Volume) string { return v.Name }, usage: volumeUsage},
+		snapshots: table[Snapshot]{db: db, ledger: l, kind: "snapshot", records: bucketSnapshots, names: bucketSnapshotNames, id: func(s *Snapshot) string { return s.ID }, name: func(s *Snapshot) string { return s.Name }, usage: snapshotUsage,
+			deleted: func(tx *bolt.Tx, id string) error { return rememberDeleted(tx, id, time.Now()) }},
 	}
 	if _, _, err := s.Recount(); err != nil {
 		return nil, errors.Join(fmt.Errorf("open %s: %w", path, err), db.Close())

@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 func TestStorePersistsAndIndexesNames(t *testing.T) {
@@ -107,5 +110,61 @@ func TestPagesStartAtTheirCursor(t *testing.T) {
 	}
 	if u := s.Usage(); u.Volumes != 5 || u.VolumeBytes != 5 {
 		t.Fatalf("usage %+v", u)
+	}
+}
+
+// A deleted snapshot is remembered for DeletedRetention, across a reopen,
+// and then forgotten: the memory holds a retention's worth of deletions.
+func TestDeletedSnapshotsAreRememberedForAWhile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSnapshot(&Snapshot{ID: "snap-1", Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := s.DeletedSnapshot("snap-1"); err != nil || d {
+		t.Fatalf("a snapshot held: deleted %v, %v", d, err)
+	}
+	if err := s.DeleteSnapshot("snap-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(path); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if d, err := s.DeletedSnapshot("snap-1"); err != nil || !d {
+		t.Fatalf("a snapshot just deleted: deleted %v, %v", d, err)
+	}
+	if d, _ := s.DeletedSnapshot("snap-2"); d {
+		t.Fatal("a snapshot never held is remembered as deleted")
+	}
+	// Deletions at a later time forget the ones older than the retention.
+	now := time.Now()
+	remember := func(id string, at time.Time) {
+		t.Helper()
+		if err := s.db.Update(func(tx *bolt.Tx) error { return rememberDeleted(tx, id, at) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remember("snap-old", now.Add(3*time.Hour))
+	remember("snap-new", now.Add(DeletedRetention+2*time.Hour))
+	for id, want := range map[string]bool{"snap-1": false, "snap-old": true, "snap-new": true} {
+		if d, _ := s.DeletedSnapshot(id); d != want {
+			t.Fatalf("%s remembered: %v, want %v", id, d, want)
+		}
+	}
+	n := 0
+	_ = s.db.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucketDeletedSnapshotTimes).Stats().KeyN; return nil })
+	if n != 2 {
+		t.Fatalf("%d deletions by time, want 2", n)
 	}
 }

@@ -18,6 +18,8 @@ type table[T any] struct {
 	records, names []byte
 	id, name       func(*T) string
 	usage          func(*T) Usage
+	// deleted, if set, is told of each deletion in its transaction.
+	deleted func(tx *bolt.Tx, id string) error
 }
 
 func (t table[T]) read(tx *bolt.Tx, id string) (*T, error) {
@@ -152,6 +154,11 @@ func (t table[T]) delete(id string) error {
 			return err
 		}
 		*change = Usage{}.minus(t.usage(r))
+		if t.deleted != nil {
+			if err := t.deleted(tx, id); err != nil {
+				return err
+			}
+		}
 		return tx.Bucket(t.records).Delete([]byte(id))
 	})
 }

@@ -509,7 +509,7 @@ func (e *env) boundOn(ns, name, class, onNode string) {
 func TestNodeLossReleasesVolumes(t *testing.T) {
 	// A short grace: the node has no Lease, as if its kubelet were gone
 	// (nodeloss_test.go tests the Lease rule).
-	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace = time.Second })
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace, r.LeaseDuration = time.Second, time.Second })
 	ns := e.ns("sts")
 	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
 	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol-keep"}, Provisioner: "podvol.io", Parameters: map[string]string{"releaseOnNodeLoss": "false"}}))
@@ -568,9 +568,10 @@ func TestNodeLossStaleCache(t *testing.T) {
 			return nil
 		},
 	})
-	// No Lease: after the grace (short here) the node is lost; each
-	// reconcile reads the Lease again until then.
-	r := &nodeloss.Reconciler{Client: empty, APIReader: e.c, Recorder: e.rec, Driver: "podvol.io", Grace: time.Millisecond}
+	// No Lease: after the grace and the Lease duration assumed for it
+	// (both short here) the node is lost; each reconcile reads the Lease
+	// again until then.
+	r := &nodeloss.Reconciler{Client: empty, APIReader: e.c, Recorder: e.rec, Driver: "podvol.io", Grace: time.Millisecond, LeaseDuration: time.Millisecond}
 	for i := 0; ; i++ {
 		res, err := r.Reconcile(bg, ctrl.Request{NamespacedName: client.ObjectKey{Name: "n1"}})
 		if err != nil {

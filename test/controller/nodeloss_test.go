@@ -8,6 +8,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -112,6 +113,13 @@ func (e *env) gone(name string) bool {
 // (owned by the Node, 40 s duration) with the given renewTime.
 func (e *env) lease(node *corev1.Node, renewed time.Time) {
 	e.t.Helper()
+	e.leaseOf(node, renewed, 40*time.Second)
+}
+
+// leaseOf creates the node's Lease with the given duration, as a kubelet
+// with that nodeLeaseDurationSeconds does.
+func (e *env) leaseOf(node *corev1.Node, renewed time.Time, duration time.Duration) {
+	e.t.Helper()
 	// kube-apiserver creates kube-node-lease shortly after it starts.
 	if err := e.c.Create(bg, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: corev1.NamespaceNodeLease}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		e.t.Fatal(err)
@@ -119,7 +127,7 @@ func (e *env) lease(node *corev1.Node, renewed time.Time) {
 	e.must(e.c.Create(bg, &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceNodeLease, Name: node.Name,
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node.Name), LeaseDurationSeconds: ptr.To[int32](40),
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node.Name), LeaseDurationSeconds: ptr.To(int32(duration / time.Second)),
 			RenewTime: &metav1.MicroTime{Time: renewed}},
 	}))
 }
@@ -239,33 +247,38 @@ func TestNodeLossFinalizerOnlyOnPodvolNodes(t *testing.T) {
 }
 
 // A Node deleted whose kubelet has stopped renewing its Lease: once the
-// Lease has gone unrenewed for the grace period, and not before, its
+// Lease has gone unrenewed for the grace period, or for the Lease's own
+// duration when that is longer (issue 25, item 5), and not before, its
 // volumes are released as before.
 func TestNodeLossStaleLease(t *testing.T) {
-	const grace = 3 * time.Second
+	const (
+		grace         = 2 * time.Second
+		leaseDuration = 4 * time.Second
+		wait          = leaseDuration // max(grace, leaseDuration)
+	)
 	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace = grace })
 	ns := e.ns("stale-lease")
 	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
 	n := e.node("n1", "podvol.io")
 	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
 	// Last renewed a minute ago: the kubelet died then.
-	e.lease(n, time.Now().Add(-time.Minute))
+	e.leaseOf(n, time.Now().Add(-time.Minute), leaseDuration)
 	e.boundOn(ns, "data-db-0", "podvol", "n1")
 	e.boundOn(ns, "data-db-1", "podvol", "n2")
 
 	deleted := time.Now()
 	e.must(e.c.Delete(bg, n))
-	for time.Since(deleted) < grace/2 {
+	for time.Since(deleted) < wait*3/4 {
 		if e.pvc(ns, "data-db-0") == nil || !e.pvExists("pv-data-db-0") || e.gone("n1") {
-			t.Fatalf("released %s after the deletion, before the %s grace", time.Since(deleted), grace)
+			t.Fatalf("released %s after the deletion, before the %s grace or the Lease's %s duration", time.Since(deleted), grace, leaseDuration)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	e.eventually("the lost node's PVC and PV released", func() bool {
 		return e.pvc(ns, "data-db-0") == nil && !e.pvExists("pv-data-db-0")
 	})
-	if took := time.Since(deleted); took < grace {
-		t.Fatalf("released %s after the deletion, before the %s grace", took, grace)
+	if took := time.Since(deleted); took < wait {
+		t.Fatalf("released %s after the deletion, before the %s grace or the Lease's %s duration", took, grace, leaseDuration)
 	}
 	e.eventually("the node gone", func() bool { return e.gone("n1") })
 	if e.pvc(ns, "data-db-1") == nil || !e.pvExists("pv-data-db-1") {
@@ -353,7 +366,9 @@ func TestNodeLossRemoveFinalizers(t *testing.T) {
 // hold their images, until the admin deletes the record.
 func TestNodeLossRecordsReleasedVolumes(t *testing.T) {
 	nodeloss.RecordsResync = 200 * time.Millisecond
-	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace = time.Second; r.Namespace = "podvol-system" })
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) {
+		r.Grace, r.LeaseDuration, r.Namespace = time.Second, time.Second, "podvol-system"
+	})
 	e.ns("podvol-system")
 	ns := e.ns("records")
 	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
@@ -409,4 +424,139 @@ func releasedGauge(t *testing.T, node string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// records returns the entries of every ConfigMap in ns that records the
+// volumes released from node, and how many ConfigMaps hold them.
+func (e *env) records(ns, node string) (map[string]string, int) {
+	e.t.Helper()
+	l := &corev1.ConfigMapList{}
+	e.must(e.c.List(bg, l, client.InNamespace(ns), client.MatchingLabels{nodeloss.ReleasedLabel: "true"}))
+	all, n := map[string]string{}, 0
+	for _, cm := range l.Items {
+		if cm.Annotations[nodeloss.ReleasedNodeAnnotation] != node {
+			continue
+		}
+		n++
+		for k, v := range cm.Data {
+			if _, dup := all[k]; dup {
+				e.t.Fatalf("PV %s recorded twice for node %s", k, node)
+			}
+			all[k] = v
+		}
+	}
+	return all, n
+}
+
+// A node lost again whose record of earlier releases is near the API's
+// 1 MiB object limit (issue 25, item 6: a few thousand released PVs, never
+// trimmed): today's release is written down all the same, beside it, and the
+// node goes; the node that comes back is told of every one of them.
+func TestNodeLossRecordNearTheLimit(t *testing.T) {
+	nodeloss.RecordsResync = 200 * time.Millisecond
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) {
+		r.Grace, r.LeaseDuration, r.Namespace = time.Second, time.Second, "podvol-system"
+	})
+	e.ns("podvol-system")
+	ns := e.ns("near-limit")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+
+	// The record earlier losses of n1 left, as node-loss writes it:
+	// 2,621 entries whose values of 400 bytes come to 160 bytes short of
+	// 1 MiB, the most the API takes (it counts a ConfigMap's values).
+	old := map[string]string{}
+	size := 0
+	for i := 0; size+400 <= 1<<20-160; i++ {
+		k := fmt.Sprintf("pv-old-%05d", i)
+		v := fmt.Sprintf("volumeHandle=%s claim=tenant/data-%05d released=2026-11-01T00:00:00Z", k, i)
+		v += " " + strings.Repeat("x", 400-len(v)-1)
+		old[k] = v
+		size += len(v)
+	}
+	e.must(e.c.Create(bg, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "podvol-system", Name: nodeloss.ReleasedRecordName("n1"),
+		Labels:      map[string]string{nodeloss.ReleasedLabel: "true", "app.kubernetes.io/managed-by": "podvol-controller"},
+		Annotations: map[string]string{nodeloss.ReleasedNodeAnnotation: "n1"}}, Data: old}))
+	t.Logf("record of earlier losses: %d entries, %d bytes", len(old), size)
+
+	for i := range 3 {
+		e.boundOn(ns, fmt.Sprintf("data-db-%d", i), "podvol", "n1")
+	}
+	e.must(e.c.Delete(bg, n))
+	e.eventually("the lost node's volumes released and the node gone", func() bool {
+		return !e.pvExists("pv-data-db-0") && !e.pvExists("pv-data-db-1") && !e.pvExists("pv-data-db-2") && e.gone("n1")
+	})
+	all, shards := e.records("podvol-system", "n1")
+	for i := range 3 {
+		if v := all[fmt.Sprintf("pv-data-db-%d", i)]; !strings.Contains(v, fmt.Sprintf("volumeHandle=pv-data-db-%d claim=%s/data-db-%d", i, ns, i)) {
+			t.Fatalf("pv-data-db-%d recorded as %q", i, v)
+		}
+	}
+	if want := len(old) + 3; len(all) != want {
+		t.Fatalf("%d entries recorded for n1, want %d", len(all), want)
+	}
+	t.Logf("%d entries in %d ConfigMaps", len(all), shards)
+
+	// The node comes back: one event and the metric count every record.
+	e.must(e.c.Delete(bg, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}))
+	e.eventually("the old CSINode gone", func() bool {
+		return apierrors.IsNotFound(e.c.Get(bg, client.ObjectKey{Name: "n1"}, &storagev1.CSINode{}))
+	})
+	e.node("n1", "podvol.io")
+	want := fmt.Sprintf("%s: %d volume(s) were released while this node was lost", nodeloss.ReasonReleasedVolumes, len(old)+3)
+	e.eventually("an event on the node that is back", func() bool { return strings.Contains(e.events(metav1.NamespaceDefault, "n1"), want) })
+	t.Logf("event: %s", e.events(metav1.NamespaceDefault, "n1"))
+	e.eventually("the metric counting them", func() bool { v, ok := releasedGauge(t, "n1"); return ok && int(v) == len(old)+3 })
+}
+
+// One release too large for one record (a small budget here; the API's
+// limit is 1 MiB) is spread over several, and nothing is lost.
+func TestNodeLossRecordSpreads(t *testing.T) {
+	was := nodeloss.RecordBytes
+	nodeloss.RecordBytes = 1024
+	t.Cleanup(func() { nodeloss.RecordBytes = was })
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) {
+		r.Grace, r.LeaseDuration, r.Namespace = time.Second, time.Second, "podvol-system"
+	})
+	e.ns("podvol-system")
+	ns := e.ns("spread")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+	const pvs = 30
+	for i := range pvs {
+		e.boundOn(ns, fmt.Sprintf("data-db-%d", i), "podvol", "n1")
+	}
+	e.must(e.c.Delete(bg, n))
+	e.eventually("the lost node's volumes released and the node gone", func() bool { return e.gone("n1") })
+	all, shards := e.records("podvol-system", "n1")
+	if len(all) != pvs || shards < 3 {
+		t.Fatalf("%d entries in %d ConfigMaps, want %d in 3 or more", len(all), shards, pvs)
+	}
+	t.Logf("%d entries in %d ConfigMaps of at most %d bytes", len(all), shards, nodeloss.RecordBytes)
+}
+
+// A record that cannot be written (here: podvol's namespace does not exist)
+// holds the release back, and says so on the Node, not only in a log line;
+// once it can be written, the release goes on.
+func TestNodeLossRecordFailureIsVisible(t *testing.T) {
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) {
+		r.Grace, r.LeaseDuration, r.Namespace = time.Second, time.Second, "podvol-records-missing"
+	})
+	ns := e.ns("record-failure")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+	e.boundOn(ns, "data-db-0", "podvol", "n1")
+	e.must(e.c.Delete(bg, n))
+	e.eventually("a Warning event on the Node", func() bool {
+		return strings.Contains(e.events(metav1.NamespaceDefault, "n1"), nodeloss.ReasonReleaseFailed+": ")
+	})
+	t.Logf("event: %s", e.events(metav1.NamespaceDefault, "n1"))
+	if !e.pvExists("pv-data-db-0") || e.gone("n1") {
+		t.Fatal("released without a record")
+	}
+	e.ns("podvol-records-missing")
+	e.eventually("the release once the record can be written", func() bool { return !e.pvExists("pv-data-db-0") && e.gone("n1") })
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moby/sys/mountinfo"
+
 	"github.com/podvol/podvol/internal/store"
 	"github.com/podvol/podvol/test/plugintest"
 )
@@ -88,5 +90,39 @@ func TestLostStoreDeletesNothing(t *testing.T) {
 	if got := readFile(t, foreign); got != "x" {
 		t.Fatalf("a file podvol did not make was touched: %q", got)
 	}
+	e.assertClean()
+}
+
+// A direct-assigned volume adopted after podvol.db was lost is still handed
+// to its microVM, not mounted on the host (issue 25, item 8): its
+// parameters are kept on its image, not only in the lost store.
+func TestAdoptedDirectVolumeStaysDirect(t *testing.T) {
+	plugintest.RequireRoot(t)
+	var rt *runtime
+	e := newEnvArgs(t, func(dir string) []string { rt = newRuntime(t, dir); return rt.args() })
+	c := rwop("ext4")
+	id := e.create("kata", 64<<20, c, map[string]string{"directAssign": "always"}).GetVolumeId()
+	e.must("stage", e.stage(id, c))
+	e.must("publish (direct)", e.publishReq(id, c, e.target(id)))
+	rt.read(e.target(id))
+	e.must("unpublish", e.unpublish(id))
+	e.must("unstage", e.unstage(id))
+	e.p.Stop()
+	if err := os.Remove(filepath.Join(e.p.PoolDir, "podvol.db")); err != nil {
+		t.Fatal(err)
+	}
+
+	e.p = plugintest.Start(t, plugintest.Options{Dir: e.dir, NodeID: node, Args: append(rt.args(), "--unknown-images=adopt")})
+	e.must("stage the adopted volume", e.stage(id, c))
+	e.must("publish the adopted volume", e.publishReq(id, c, e.target(id)))
+	if ms, _ := mountinfo.GetMounts(mountinfo.SingleEntryFilter(e.target(id))); len(ms) != 0 {
+		t.Fatalf("the adopted direct-assigned volume was mounted on the host at %s (%s), not handed to its microVM", e.target(id), ms[0].Source)
+	}
+	if m := rt.read(e.target(id)); str(t, m, "volume-type") != "directvol" {
+		t.Fatalf("mountInfo of the adopted volume: %v", m)
+	}
+	e.must("unpublish", e.unpublish(id))
+	e.must("unstage", e.unstage(id))
+	e.must("delete", e.delete(id))
 	e.assertClean()
 }

@@ -34,8 +34,10 @@
 // after the deletion (renewTime or the Lease's UID changed, or a Lease
 // appeared) means the node is alive: the finalizer is dropped and nothing is
 // released. A Lease left unchanged (or missing) for the whole grace period,
-// measured on this controller's own clock from when it first saw the
-// deletion, means the node is gone: its volumes are released. renewTime is
+// or for the Lease's own duration if that is longer (a shorter wait could
+// end before the kubelet's next renewal was due), measured on this
+// controller's own clock from when it first saw the deletion, means the
+// node is gone: its volumes are released. renewTime is
 // compared only with earlier readings of itself, never with this clock: the
 // kubelet's clock may be skewed.
 package nodeloss
@@ -47,6 +49,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,9 +83,9 @@ const Finalizer = "podvol.io/release-local-volumes"
 // data no sooner than Kubernetes itself gives up on the node's pods.
 const DefaultGrace = 5 * time.Minute
 
-// defaultLeaseDuration is the kubelet's default nodeLeaseDurationSeconds,
-// for a Lease that does not say.
-const defaultLeaseDuration = 40 * time.Second
+// DefaultLeaseDuration is the kubelet's default nodeLeaseDurationSeconds,
+// for a Lease that does not say (or is missing: Reconciler.LeaseDuration).
+const DefaultLeaseDuration = 40 * time.Second
 
 // Event reasons.
 const (
@@ -93,6 +96,9 @@ const (
 	ReasonNotLost = "NodeNotLost"
 	// ReasonWaiting: the Node was deleted; the controller watches its Lease.
 	ReasonWaiting = "WaitingForNodeLease"
+	// ReasonReleaseFailed: the node is lost, but its volumes could not be
+	// released (or written down first) yet; the Node is held until they are.
+	ReasonReleaseFailed = "NodeLossReleaseFailed"
 )
 
 // Reconciler releases the volumes of lost nodes.
@@ -106,8 +112,13 @@ type Reconciler struct {
 	Recorder  events.EventRecorder
 	Driver    string
 	// Grace is how long the Lease of a deleted Node must stay unrenewed
-	// before its volumes are released (DefaultGrace if zero).
+	// before its volumes are released (DefaultGrace if zero). The wait is
+	// never shorter than the Lease's own duration (see observe).
 	Grace time.Duration
+	// LeaseDuration is the kubelets' nodeLeaseDurationSeconds, assumed
+	// for a Lease that is missing when the deletion is first seen (a
+	// present Lease says its own); 40 s, the kubelet's default, if zero.
+	LeaseDuration time.Duration
 	// Namespace holds the records of released volumes (podvol's own
 	// namespace, where tenants cannot write); "" keeps none.
 	Namespace string
@@ -177,14 +188,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{RequeueAfter: r.poll()}, nil
 	}
 	w, first := r.watch(node)
-	switch v := w.observe(time.Now(), lease, r.grace(), 3*r.poll()); v {
+	v := w.observe(time.Now(), lease, r.grace(), 3*r.poll())
+	wait := w.wait(r.grace())
+	switch v {
 	case waiting:
 		if first {
 			logger.Info("Node deleted: waiting for its kubelet to renew its Lease before releasing its volumes",
-				"node", node.Name, "lease", lease, "grace", r.grace())
+				"node", node.Name, "lease", lease, "grace", r.grace(), "wait", wait)
 			r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonWaiting, "Wait",
 				"Node deleted: podvol releases its local volumes only if its kubelet does not renew its Lease %s/%s for %s (a node that is gone); a renewal means the node lives, and its volumes are kept",
-				corev1.NamespaceNodeLease, node.Name, r.grace())
+				corev1.NamespaceNodeLease, node.Name, wait)
 		}
 		return ctrl.Result{RequeueAfter: r.poll()}, nil
 	case alive:
@@ -195,8 +208,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	case lost:
 		logger.Info("Node deleted and its Lease not renewed for the grace period: releasing its volumes",
-			"node", node.Name, "lease", lease, "grace", r.grace())
-		if err := r.release(ctx, node.Name); err != nil {
+			"node", node.Name, "lease", lease, "grace", r.grace(), "wait", wait)
+		if err := r.release(ctx, node.Name, wait); err != nil {
+			// Retried with backoff; without an event the Node would
+			// only look stuck in Terminating.
+			r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonReleaseFailed, "Release",
+				"Node lost, but its podvol volumes cannot be released yet, so the Node stays (Terminating) and podvol retries: %s", brief(err))
 			return ctrl.Result{}, err
 		}
 	}
@@ -205,6 +222,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	r.forget(node.Name)
 	return ctrl.Result{}, nil
+}
+
+// brief is an error's message cut to fit an event (whose message the API
+// limits to 1 kB).
+func brief(err error) string {
+	const most = 700
+	if m := err.Error(); len(m) > most {
+		return strings.ToValidUTF8(m[:most], "") + "..."
+	}
+	return err.Error()
 }
 
 // holdIfPodvol adds the finalizer to a live node whose CSINode lists the
@@ -307,7 +334,7 @@ func (r *Reconciler) readLease(ctx context.Context, nodeName string) (leaseState
 		}
 		return leaseState{}, fmt.Errorf("read Lease %s/%s: %w", corev1.NamespaceNodeLease, nodeName, err)
 	}
-	s := leaseState{Present: true, UID: l.UID, Duration: defaultLeaseDuration}
+	s := leaseState{Present: true, UID: l.UID, Duration: DefaultLeaseDuration}
 	if l.Spec.RenewTime != nil {
 		s.Renewed = l.Spec.RenewTime.Time
 	}
@@ -323,6 +350,7 @@ func (r *Reconciler) readLease(ctx context.Context, nodeName string) (leaseState
 type leaseWatch struct {
 	node     types.UID
 	last     leaseState
+	assumed  time.Duration // the duration of a Lease missing at the first reading (DefaultLeaseDuration if zero)
 	duration time.Duration // the Lease's duration, while it was there
 	since    time.Time     // first reading: when the deletion was first seen
 	clear    time.Time     // start of the current run of readings without a blind spot
@@ -344,16 +372,22 @@ const (
 // deletion was seen. A Lease gone missing is not a renewal (the garbage
 // collector deletes it in a foreground deletion).
 //
-// Lost: no renewal for grace since the first reading, and the last
-// min(grace, lease duration) of it seen without a blind spot. A blind spot is
-// a gap between readings longer than maxGap (an API outage, a stalled
+// Lost: no renewal for max(grace, lease duration) since the first reading,
+// and the last lease duration of it seen without a blind spot. A grace
+// shorter than the Lease's duration does not shorten the wait: the kubelet
+// renews every quarter of that duration (10 s of 40 s), so a shorter wait
+// could judge a live node before its next renewal was due, and a full
+// duration holds four renewals a live kubelet would have made. A blind spot
+// is a gap between readings longer than maxGap (an API outage, a stalled
 // controller): the kubelet may have been unable to renew through it as well,
-// so after one it gets a full lease duration again, in which a live kubelet
-// renews four times.
+// so after one it gets a full lease duration again.
 func (w *leaseWatch) observe(now time.Time, cur leaseState, grace, maxGap time.Duration) verdict {
 	if w.lastRead.IsZero() {
 		w.last, w.since, w.clear, w.lastRead = cur, now, now, now
-		w.duration = defaultLeaseDuration
+		w.duration = w.assumed
+		if w.duration <= 0 {
+			w.duration = DefaultLeaseDuration
+		}
 		if cur.Present {
 			w.duration = cur.Duration
 		}
@@ -367,10 +401,16 @@ func (w *leaseWatch) observe(now time.Time, cur leaseState, grace, maxGap time.D
 		return alive
 	}
 	w.last = cur // unchanged, or gone missing
-	if now.Sub(w.since) >= grace && now.Sub(w.clear) >= min(grace, w.duration) {
+	if now.Sub(w.since) >= w.wait(grace) && now.Sub(w.clear) >= w.duration {
 		return lost
 	}
 	return waiting
+}
+
+// wait is how long the Lease must go unrenewed: the grace, or the Lease's
+// duration if longer (see observe).
+func (w *leaseWatch) wait(grace time.Duration) time.Duration {
+	return max(grace, w.duration)
 }
 
 func (r *Reconciler) watch(node *corev1.Node) (*leaseWatch, bool) {
@@ -381,7 +421,7 @@ func (r *Reconciler) watch(node *corev1.Node) (*leaseWatch, bool) {
 	}
 	w := r.watching[node.Name]
 	if w == nil || w.node != node.UID {
-		w = &leaseWatch{node: node.UID}
+		w = &leaseWatch{node: node.UID, assumed: r.LeaseDuration}
 		r.watching[node.Name] = w
 		return w, true
 	}
@@ -460,7 +500,9 @@ func (r *Reconciler) claimOf(ctx context.Context, pv *corev1.PersistentVolume) (
 	return pvc, nil
 }
 
-func (r *Reconciler) release(ctx context.Context, nodeName string) error {
+// release releases the podvol volumes of a node whose Lease went unrenewed
+// for wait.
+func (r *Reconciler) release(ctx context.Context, nodeName string, wait time.Duration) error {
 	pvs, err := r.podvolPVs(ctx, nodeName)
 	if err != nil {
 		return err
@@ -488,14 +530,14 @@ func (r *Reconciler) release(ctx context.Context, nodeName string) error {
 		return err
 	}
 	for _, pv := range released {
-		if err := r.releasePV(ctx, pv, nodeName); err != nil {
+		if err := r.releasePV(ctx, pv, nodeName, wait); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (r *Reconciler) releasePV(ctx context.Context, pv *corev1.PersistentVolume, nodeName string) error {
+func (r *Reconciler) releasePV(ctx context.Context, pv *corev1.PersistentVolume, nodeName string, wait time.Duration) error {
 	logger := log.FromContext(ctx)
 	pvc, err := r.claimOf(ctx, pv)
 	if err != nil {
@@ -503,7 +545,7 @@ func (r *Reconciler) releasePV(ctx context.Context, pv *corev1.PersistentVolume,
 	}
 	if pvc != nil {
 		r.Recorder.Eventf(pvc, nil, corev1.EventTypeWarning, ReasonLost, "Release",
-			"node %s was deleted and its kubelet has not renewed its Lease for %s: the node is lost, and its local volume %s with it. Deleting this claim so that its owner (e.g. a StatefulSet) creates a new one elsewhere", nodeName, r.grace(), pv.Name)
+			"node %s was deleted and its kubelet has not renewed its Lease for %s: the node is lost, and its local volume %s with it. Deleting this claim so that its owner (e.g. a StatefulSet) creates a new one elsewhere", nodeName, wait, pv.Name)
 		if err := r.Client.Delete(ctx, pvc, client.Preconditions{UID: &pvc.UID}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete PVC %s/%s of lost node %s: %w", pvc.Namespace, pvc.Name, nodeName, err)
 		}

@@ -78,3 +78,58 @@ func TestObserve(t *testing.T) {
 		})
 	}
 }
+
+// A grace shorter than the Lease's duration (issue 25, item 5): the kubelet
+// renews every quarter of its Lease's duration (10 s of 40 s), so a grace of
+// 5 s would judge a live node lost before its next renewal could be seen.
+// The judgement waits for max(grace, the Lease's duration): a live kubelet's
+// renewal at 10 s is seen, and a dead one is judged at 40 s, not 5 s.
+func TestObserveGraceShorterThanLease(t *testing.T) {
+	const (
+		grace  = 5 * time.Second
+		maxGap = 3 * time.Second
+	)
+	t0 := time.Unix(1_000_000, 0)
+	lease := func(renewed time.Duration, d time.Duration) leaseState {
+		return leaseState{Present: true, UID: "u1", Renewed: t0.Add(renewed), Duration: d}
+	}
+	t.Run("a live kubelet's renewal at 10 s is seen", func(t *testing.T) {
+		w := &leaseWatch{}
+		for at := time.Duration(0); at < 10*time.Second; at += time.Second {
+			if v := w.observe(t0.Add(at), lease(0, 40*time.Second), grace, maxGap); v != waiting {
+				t.Fatalf("at %s, before the kubelet's first renewal (every 10 s of a 40 s Lease), with a %s grace: verdict %d, want waiting (%d)", at, grace, v, waiting)
+			}
+		}
+		if v := w.observe(t0.Add(10*time.Second), lease(10*time.Second, 40*time.Second), grace, maxGap); v != alive {
+			t.Fatalf("renewed at 10 s: verdict %d, want alive", v)
+		}
+	})
+	for _, tc := range []struct {
+		name    string
+		lease   leaseState
+		assumed time.Duration // Reconciler.LeaseDuration
+		wait    time.Duration
+	}{
+		{"a dead kubelet is judged after the Lease's duration", lease(0, 40*time.Second), 0, 40 * time.Second},
+		{"a Lease of 80 s counts 80 s", lease(0, 80*time.Second), 0, 80 * time.Second},
+		{"a missing Lease counts the kubelet's default duration", leaseState{}, 0, 40 * time.Second},
+		{"a missing Lease counts the duration set for the kubelets", leaseState{}, 20 * time.Second, 20 * time.Second},
+		{"a present Lease says its own duration", lease(0, 40*time.Second), 20 * time.Second, 40 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &leaseWatch{assumed: tc.assumed}
+			for at := time.Duration(0); ; at += time.Second {
+				v := w.observe(t0.Add(at), tc.lease, grace, maxGap)
+				if at < tc.wait && v != waiting {
+					t.Fatalf("at %s (Lease %s of %s, grace %s): verdict %d, want waiting until %s", at, tc.lease, tc.lease.Duration, grace, v, tc.wait)
+				}
+				if at >= tc.wait {
+					if v != lost {
+						t.Fatalf("at %s: verdict %d, want lost", at, v)
+					}
+					return
+				}
+			}
+		})
+	}
+}
