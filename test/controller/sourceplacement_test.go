@@ -106,11 +106,11 @@ func (e *env) ann(ns, name, key string) string {
 }
 
 func (e *env) placedOn(ns, name, node string) bool {
-	return e.ann(ns, name, sourceplacement.SelectedNode) == node && e.ann(ns, name, sourceplacement.SourceNode) == node
+	return e.ann(ns, name, names.SelectedNode) == node && e.ann(ns, name, names.SourceNode) == node
 }
 
 func (e *env) untouched(ns, name string) bool {
-	return e.ann(ns, name, sourceplacement.SelectedNode) == "" && e.ann(ns, name, sourceplacement.SourceNode) == ""
+	return e.ann(ns, name, names.SelectedNode) == "" && e.ann(ns, name, names.SourceNode) == ""
 }
 
 // snapshot creates VolumeSnapshot ns/name and, if content is not "", its
@@ -175,7 +175,7 @@ func TestSourcePlacementClone(t *testing.T) {
 
 	// The scheduler got there first (its selected node says that a pod
 	// uses the claim: no pod is needed here).
-	e.restore(ns, "late", "podvol", fromClaim("golden"), map[string]string{sourceplacement.SelectedNode: "node-c"})
+	e.restore(ns, "late", "podvol", fromClaim("golden"), map[string]string{names.SelectedNode: "node-c"})
 	e.eventually("the scheduler's node-c replaced by node-a", func() bool { return e.placedOn(ns, "late", "node-a") })
 	e.eventually("an event naming the node replaced", func() bool { return strings.Contains(e.events(ns, "late"), "node-a (instead of node node-c)") })
 
@@ -313,7 +313,7 @@ func TestSourcePlacementLeavesOthersAlone(t *testing.T) {
 func (e *env) giveBack(ns, name string) time.Time {
 	e.t.Helper()
 	p := e.pvc(ns, name)
-	delete(p.Annotations, sourceplacement.SelectedNode)
+	delete(p.Annotations, names.SelectedNode)
 	e.must(e.c.Update(bg, p))
 	return time.Now()
 }
@@ -339,11 +339,11 @@ func TestSourcePlacementBackoff(t *testing.T) {
 			// The scheduler picks another node meanwhile.
 			time.Sleep(500 * time.Millisecond)
 			p := e.pvc(ns, "copy")
-			p.Annotations[sourceplacement.SelectedNode] = "node-c"
+			p.Annotations[names.SelectedNode] = "node-c"
 			e.must(e.c.Update(bg, p))
 		}
 		backoff := placementBackoff << round
-		e.never("the claim placed again before the backoff", func() bool { return e.ann(ns, "copy", sourceplacement.SelectedNode) == "node-a" })
+		e.never("the claim placed again before the backoff", func() bool { return e.ann(ns, "copy", names.SelectedNode) == "node-a" })
 		e.eventually("the claim placed on node-a again", func() bool { return e.placedOn(ns, "copy", "node-a") })
 		if d := time.Since(removed); d < backoff {
 			t.Fatalf("round %d: placed again after %s, before the backoff (%s)", round, d, backoff)
@@ -405,7 +405,7 @@ func TestSourcePlacementStopsWithoutConsumer(t *testing.T) {
 	e.giveBack(ns, "copy")
 	e.must(e.c.Delete(bg, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "use-copy"}}))
 	e.neverFor(2*placementBackoff, "the claim placed again with no pod using it", func() bool {
-		return e.ann(ns, "copy", sourceplacement.SelectedNode) != ""
+		return e.ann(ns, "copy", names.SelectedNode) != ""
 	})
 	if n := strings.Count(e.events(ns, "copy"), sourceplacement.ReasonNoRoom); n > 1 {
 		t.Fatalf("%d SourceNodeFull warnings", n)

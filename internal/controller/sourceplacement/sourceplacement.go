@@ -71,15 +71,6 @@ import (
 	"github.com/podvol/podvol/internal/snaphandle"
 )
 
-// Annotations.
-const (
-	// SelectedNode is the scheduler's: the node that provisions an unbound
-	// WaitForFirstConsumer claim.
-	SelectedNode = "volume.kubernetes.io/selected-node"
-	// SourceNode marks a claim this controller placed, with the node.
-	SourceNode = "podvol.io/source-node"
-)
-
 // Event reasons.
 const (
 	ReasonPlaced = "PlacedWithSource"
@@ -365,7 +356,7 @@ func uses(pod *corev1.Pod, pvc *corev1.PersistentVolumeClaim) bool {
 // means it: a live pod uses it, or the scheduler selected a node for it (a
 // selected node that podvol did not set).
 func (r *Reconciler) consumed(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (bool, error) {
-	if pvc.Annotations[SelectedNode] != "" && pvc.Annotations[SourceNode] == "" {
+	if pvc.Annotations[names.SelectedNode] != "" && pvc.Annotations[names.SourceNode] == "" {
 		return true, nil
 	}
 	pods := &corev1.PodList{}
@@ -615,8 +606,8 @@ func (r *Reconciler) snapshotNode(ctx context.Context, ns, name string) (node st
 // source node's provisioner gave it back less than the claim's backoff ago.
 func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClaim, src source, node string) (reconcile.Result, error) {
 	key := client.ObjectKeyFromObject(pvc)
-	selected := pvc.Annotations[SelectedNode]
-	if pvc.Annotations[SourceNode] == node {
+	selected := pvc.Annotations[names.SelectedNode]
+	if pvc.Annotations[names.SourceNode] == node {
 		if selected == node {
 			return reconcile.Result{}, nil
 		}
@@ -637,10 +628,10 @@ func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClai
 	if pvc.Annotations == nil {
 		pvc.Annotations = map[string]string{}
 	}
-	pvc.Annotations[SelectedNode] = node
-	pvc.Annotations[SourceNode] = node
+	pvc.Annotations[names.SelectedNode] = node
+	pvc.Annotations[names.SourceNode] = node
 	if err := r.Client.Patch(ctx, pvc, patch); err != nil {
-		return reconcile.Result{}, fmt.Errorf("annotate PVC %s %s=%s: %w", key, SelectedNode, node, err)
+		return reconcile.Result{}, fmt.Errorf("annotate PVC %s %s=%s: %w", key, names.SelectedNode, node, err)
 	}
 	r.placed(pvc)
 	log.FromContext(ctx).Info("Placed a claim on its source's node", "pvc", key, "source", src.String(), "node", node, "was", selected)
