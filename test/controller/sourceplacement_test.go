@@ -12,9 +12,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/podvol/podvol/internal/controller/clonelifecycle"
 	"github.com/podvol/podvol/internal/controller/sourceplacement"
 	"github.com/podvol/podvol/internal/names"
 )
@@ -495,4 +497,62 @@ func TestSourcePlacementWaitIsCheap(t *testing.T) {
 			t.Errorf("%d GETs of %s from the API server, not the cache", n, r)
 		}
 	}
+}
+
+// An ephemeral clone placed on its source's node is created again, at each
+// reset, already placed there: the scheduler then considers that node only
+// for the next pod, and source-placement neither reads the claim as given
+// back (no SourceNodeFull, no backoff) nor has anything left to do.
+func TestResetKeepsPlacement(t *testing.T) {
+	e := start(t, "clone-lifecycle", "source-placement")
+	ns := e.ns("placement-reset")
+	e.placementClasses()
+	e.node("node-a")
+	e.node("node-c")
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+	e.restore(ns, "work", "podvol", fromClaim("golden"), map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach})
+	user := podWith(ns, "user", claimVol("work"))
+	e.must(e.c.Create(bg, user))
+	setPhase(e, user, corev1.PodRunning)
+	e.eventually("the clone placed on node-a and marked used", func() bool {
+		return e.placedOn(ns, "work", "node-a") && e.ann(ns, "work", clonelifecycle.Used) == "true"
+	})
+	// Provisioned there, as node-a's provisioner would.
+	first := e.pvc(ns, "work")
+	e.pvFor(first, "podvol.io", "node-a")
+	first.Spec.VolumeName = "pv-" + ns + "-work"
+	e.must(e.c.Update(bg, first))
+
+	// The claim as it is created again, from a watch started before the
+	// reset: what the scheduler and the provisioner see first.
+	w, err := e.c.Watch(bg, &corev1.PersistentVolumeClaimList{}, client.InNamespace(ns))
+	e.must(err)
+	defer w.Stop()
+	e.must(e.c.Delete(bg, user, client.GracePeriodSeconds(0)))
+	var created *corev1.PersistentVolumeClaim
+	for timeout := time.After(time.Minute); created == nil; {
+		select {
+		case ev := <-w.ResultChan():
+			if p, ok := ev.Object.(*corev1.PersistentVolumeClaim); ok && ev.Type == watch.Added && p.Name == "work" && p.UID != first.UID {
+				created = p
+			}
+		case <-timeout:
+			t.Fatal("timed out waiting for the clone to be created again")
+		}
+	}
+	if got := created.Annotations[names.SelectedNode]; got != "node-a" {
+		t.Errorf("the reset clone was created with %s=%q, want node-a (its source's node): %v", names.SelectedNode, got, created.Annotations)
+	}
+	if got := created.Annotations[names.SourceNode]; got != "node-a" {
+		t.Errorf("the reset clone was created with %s=%q, want node-a: %v", names.SourceNode, got, created.Annotations)
+	}
+
+	// The next pod: the claim stays placed on node-a, with no warning and
+	// no wait for a backoff.
+	e.must(e.c.Create(bg, podWith(ns, "next", claimVol("work"))))
+	e.neverFor(placementBackoff+time.Second, "a SourceNodeFull warning, or the placement lost", func() bool {
+		p := e.pvc(ns, "work")
+		return p == nil || p.UID != created.UID || !e.placedOn(ns, "work", "node-a") ||
+			strings.Contains(e.events(ns, "work"), sourceplacement.ReasonNoRoom)
+	})
 }
