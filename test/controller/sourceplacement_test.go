@@ -556,3 +556,86 @@ func TestResetKeepsPlacement(t *testing.T) {
 			strings.Contains(e.events(ns, "work"), sourceplacement.ReasonNoRoom)
 	})
 }
+
+// A restore or clone can only be provisioned on its source's node: when a
+// pod that uses it cannot run there (the node cordoned, a taint it does not
+// tolerate, its nodeSelector, node affinity or nodeName), the claim is
+// placed there still, and a Warning on the claim and on the pod says why the
+// pod will not start. A pod that can run there gets none.
+func TestSourcePlacementPodCannotRun(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-unfit")
+	e.placementClasses()
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		e.node(n)
+	}
+	// Each node as it is once ready: the API server taints new Nodes
+	// not-ready (TaintNodesByCondition), which the node lifecycle
+	// controller, not running here, removes.
+	change := func(name string, f func(*corev1.Node)) {
+		n := &corev1.Node{}
+		e.must(e.c.Get(bg, client.ObjectKey{Name: name}, n))
+		n.Spec.Taints = nil
+		f(n)
+		e.must(e.c.Update(bg, n))
+	}
+	change("node-a", func(n *corev1.Node) { n.Spec.Unschedulable = true })
+	change("node-b", func(n *corev1.Node) {
+		n.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "db", Effect: corev1.TaintEffectNoSchedule},
+			{Key: "spare", Effect: corev1.TaintEffectPreferNoSchedule}}
+	})
+	change("node-c", func(n *corev1.Node) { n.Labels = map[string]string{"zone": "c"} })
+	for _, n := range []string{"a", "b", "c"} {
+		e.sourceOn(ns, "golden-"+n, "podvol.io", "node-"+n)
+	}
+	zone := func(op corev1.NodeSelectorOperator, v string) *corev1.Affinity {
+		return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: op, Values: []string{v}}}}}}}}
+	}
+	for _, c := range []struct {
+		claim, node string
+		pod         func(*corev1.Pod)
+		// why is what the warning says, "" for none.
+		why string
+	}{
+		{"cordoned", "a", func(*corev1.Pod) {}, "the node is cordoned"},
+		{"cordoned-tolerated", "a", func(p *corev1.Pod) {
+			p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		}, ""},
+		{"tainted", "b", func(*corev1.Pod) {}, "taint dedicated=db:NoSchedule, which the pod does not tolerate"},
+		{"tolerated", "b", func(p *corev1.Pod) {
+			p.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Value: "db", Effect: corev1.TaintEffectNoSchedule}}
+		}, ""},
+		{"selector", "c", func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"zone": "x"} }, "the pod's nodeSelector or required node affinity excludes the node"},
+		{"affinity", "c", func(p *corev1.Pod) { p.Spec.Affinity = zone(corev1.NodeSelectorOpNotIn, "c") }, "the pod's nodeSelector or required node affinity excludes the node"},
+		{"affinity-fits", "c", func(p *corev1.Pod) { p.Spec.Affinity = zone(corev1.NodeSelectorOpIn, "c") }, ""},
+		{"node-name", "c", func(p *corev1.Pod) { p.Spec.NodeName = "node-b" }, "it is bound to node node-b (spec.nodeName)"},
+	} {
+		e.restore(ns, c.claim, "podvol", fromClaim("golden-"+c.node), nil)
+		pod := podWith(ns, "use-"+c.claim, claimVol(c.claim))
+		c.pod(pod)
+		e.must(e.c.Create(bg, pod))
+		e.eventually(c.claim+" placed on its source's node", func() bool { return e.placedOn(ns, c.claim, "node-"+c.node) })
+		if c.why == "" {
+			continue
+		}
+		want := "node node-" + c.node + ", which holds its data source PersistentVolumeClaim/golden-" + c.node + ", cannot run pod use-" + c.claim + ": " + c.why
+		e.eventually(c.claim+": the warning on the claim and on the pod", func() bool {
+			return strings.Contains(e.events(ns, c.claim), sourceplacement.ReasonNodeUnfit+": "+want) &&
+				strings.Contains(e.events(ns, "use-"+c.claim), sourceplacement.ReasonNodeUnfit+": volume claim "+c.claim+": "+want)
+		})
+	}
+	// Looked at again (the placement's own update, the watches), each
+	// warns once; the pods that can run there got none.
+	time.Sleep(4 * placementWait)
+	for _, c := range []string{"cordoned", "tainted", "selector", "affinity", "node-name"} {
+		if n := strings.Count(e.events(ns, c), sourceplacement.ReasonNodeUnfit); n != 1 {
+			t.Errorf("%d %s warnings on %s:\n%s", n, sourceplacement.ReasonNodeUnfit, c, e.events(ns, c))
+		}
+	}
+	for _, c := range []string{"cordoned-tolerated", "tolerated", "affinity-fits"} {
+		if ev := e.events(ns, c) + e.events(ns, "use-"+c); strings.Contains(ev, sourceplacement.ReasonNodeUnfit) {
+			t.Errorf("a warning for a pod that can run on the source's node (%s):\n%s", c, ev)
+		}
+	}
+}
