@@ -1,6 +1,6 @@
 // Package names holds the names podvol's parts share with each other and
-// with Kubernetes objects: the driver, the topology key and the StorageClass
-// parameters. The plugin, the controller, the dev cluster and the tests
+// with Kubernetes objects: the driver, the topology key, the StorageClass
+// parameters and the annotations more than one part reads. The plugin, the controller, the dev cluster and the tests
 // import them from here; the manifests in deploy/base spell them out, and
 // this package's test checks them against it.
 package names
@@ -22,4 +22,16 @@ const (
 	// ParamReleaseOnNodeLoss is read by podvol-controller's node-loss:
 	// "false" keeps the volumes of a lost node.
 	ParamReleaseOnNodeLoss = "releaseOnNodeLoss"
+)
+
+// Annotations of PersistentVolumeClaims.
+const (
+	// SelectedNode is kube-scheduler's: the node whose provisioner
+	// provisions an unbound WaitForFirstConsumer claim (the scheduler then
+	// considers that node only for the claim's pods).
+	SelectedNode = "volume.kubernetes.io/selected-node"
+	// SourceNode marks a claim that podvol-controller's source-placement
+	// placed on the node holding its data source, with that node;
+	// clone-lifecycle's reset keeps the placement of a claim that has it.
+	SourceNode = "podvol.io/source-node"
 )

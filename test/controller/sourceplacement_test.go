@@ -12,9 +12,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/podvol/podvol/internal/controller/clonelifecycle"
 	"github.com/podvol/podvol/internal/controller/sourceplacement"
 	"github.com/podvol/podvol/internal/names"
 )
@@ -106,11 +108,11 @@ func (e *env) ann(ns, name, key string) string {
 }
 
 func (e *env) placedOn(ns, name, node string) bool {
-	return e.ann(ns, name, sourceplacement.SelectedNode) == node && e.ann(ns, name, sourceplacement.SourceNode) == node
+	return e.ann(ns, name, names.SelectedNode) == node && e.ann(ns, name, names.SourceNode) == node
 }
 
 func (e *env) untouched(ns, name string) bool {
-	return e.ann(ns, name, sourceplacement.SelectedNode) == "" && e.ann(ns, name, sourceplacement.SourceNode) == ""
+	return e.ann(ns, name, names.SelectedNode) == "" && e.ann(ns, name, names.SourceNode) == ""
 }
 
 // snapshot creates VolumeSnapshot ns/name and, if content is not "", its
@@ -175,7 +177,7 @@ func TestSourcePlacementClone(t *testing.T) {
 
 	// The scheduler got there first (its selected node says that a pod
 	// uses the claim: no pod is needed here).
-	e.restore(ns, "late", "podvol", fromClaim("golden"), map[string]string{sourceplacement.SelectedNode: "node-c"})
+	e.restore(ns, "late", "podvol", fromClaim("golden"), map[string]string{names.SelectedNode: "node-c"})
 	e.eventually("the scheduler's node-c replaced by node-a", func() bool { return e.placedOn(ns, "late", "node-a") })
 	e.eventually("an event naming the node replaced", func() bool { return strings.Contains(e.events(ns, "late"), "node-a (instead of node node-c)") })
 
@@ -313,7 +315,7 @@ func TestSourcePlacementLeavesOthersAlone(t *testing.T) {
 func (e *env) giveBack(ns, name string) time.Time {
 	e.t.Helper()
 	p := e.pvc(ns, name)
-	delete(p.Annotations, sourceplacement.SelectedNode)
+	delete(p.Annotations, names.SelectedNode)
 	e.must(e.c.Update(bg, p))
 	return time.Now()
 }
@@ -339,11 +341,11 @@ func TestSourcePlacementBackoff(t *testing.T) {
 			// The scheduler picks another node meanwhile.
 			time.Sleep(500 * time.Millisecond)
 			p := e.pvc(ns, "copy")
-			p.Annotations[sourceplacement.SelectedNode] = "node-c"
+			p.Annotations[names.SelectedNode] = "node-c"
 			e.must(e.c.Update(bg, p))
 		}
 		backoff := placementBackoff << round
-		e.never("the claim placed again before the backoff", func() bool { return e.ann(ns, "copy", sourceplacement.SelectedNode) == "node-a" })
+		e.never("the claim placed again before the backoff", func() bool { return e.ann(ns, "copy", names.SelectedNode) == "node-a" })
 		e.eventually("the claim placed on node-a again", func() bool { return e.placedOn(ns, "copy", "node-a") })
 		if d := time.Since(removed); d < backoff {
 			t.Fatalf("round %d: placed again after %s, before the backoff (%s)", round, d, backoff)
@@ -405,7 +407,7 @@ func TestSourcePlacementStopsWithoutConsumer(t *testing.T) {
 	e.giveBack(ns, "copy")
 	e.must(e.c.Delete(bg, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "use-copy"}}))
 	e.neverFor(2*placementBackoff, "the claim placed again with no pod using it", func() bool {
-		return e.ann(ns, "copy", sourceplacement.SelectedNode) != ""
+		return e.ann(ns, "copy", names.SelectedNode) != ""
 	})
 	if n := strings.Count(e.events(ns, "copy"), sourceplacement.ReasonNoRoom); n > 1 {
 		t.Fatalf("%d SourceNodeFull warnings", n)
@@ -493,6 +495,147 @@ func TestSourcePlacementWaitIsCheap(t *testing.T) {
 	for _, r := range []string{"volumesnapshots", "volumesnapshotcontents"} {
 		if n := e.liveGets.count(r); n > 0 {
 			t.Errorf("%d GETs of %s from the API server, not the cache", n, r)
+		}
+	}
+}
+
+// An ephemeral clone placed on its source's node is created again, at each
+// reset, already placed there: the scheduler then considers that node only
+// for the next pod, and source-placement neither reads the claim as given
+// back (no SourceNodeFull, no backoff) nor has anything left to do.
+func TestResetKeepsPlacement(t *testing.T) {
+	e := start(t, "clone-lifecycle", "source-placement")
+	ns := e.ns("placement-reset")
+	e.placementClasses()
+	e.node("node-a")
+	e.node("node-c")
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+	e.restore(ns, "work", "podvol", fromClaim("golden"), map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach})
+	user := podWith(ns, "user", claimVol("work"))
+	e.must(e.c.Create(bg, user))
+	setPhase(e, user, corev1.PodRunning)
+	e.eventually("the clone placed on node-a and marked used", func() bool {
+		return e.placedOn(ns, "work", "node-a") && e.ann(ns, "work", clonelifecycle.Used) == "true"
+	})
+	// Provisioned there, as node-a's provisioner would.
+	first := e.pvc(ns, "work")
+	e.pvFor(first, "podvol.io", "node-a")
+	first.Spec.VolumeName = "pv-" + ns + "-work"
+	e.must(e.c.Update(bg, first))
+
+	// The claim as it is created again, from a watch started before the
+	// reset: what the scheduler and the provisioner see first.
+	w, err := e.c.Watch(bg, &corev1.PersistentVolumeClaimList{}, client.InNamespace(ns))
+	e.must(err)
+	defer w.Stop()
+	e.must(e.c.Delete(bg, user, client.GracePeriodSeconds(0)))
+	var created *corev1.PersistentVolumeClaim
+	for timeout := time.After(time.Minute); created == nil; {
+		select {
+		case ev := <-w.ResultChan():
+			if p, ok := ev.Object.(*corev1.PersistentVolumeClaim); ok && ev.Type == watch.Added && p.Name == "work" && p.UID != first.UID {
+				created = p
+			}
+		case <-timeout:
+			t.Fatal("timed out waiting for the clone to be created again")
+		}
+	}
+	if got := created.Annotations[names.SelectedNode]; got != "node-a" {
+		t.Errorf("the reset clone was created with %s=%q, want node-a (its source's node): %v", names.SelectedNode, got, created.Annotations)
+	}
+	if got := created.Annotations[names.SourceNode]; got != "node-a" {
+		t.Errorf("the reset clone was created with %s=%q, want node-a: %v", names.SourceNode, got, created.Annotations)
+	}
+
+	// The next pod: the claim stays placed on node-a, with no warning and
+	// no wait for a backoff.
+	e.must(e.c.Create(bg, podWith(ns, "next", claimVol("work"))))
+	e.neverFor(placementBackoff+time.Second, "a SourceNodeFull warning, or the placement lost", func() bool {
+		p := e.pvc(ns, "work")
+		return p == nil || p.UID != created.UID || !e.placedOn(ns, "work", "node-a") ||
+			strings.Contains(e.events(ns, "work"), sourceplacement.ReasonNoRoom)
+	})
+}
+
+// A restore or clone can only be provisioned on its source's node: when a
+// pod that uses it cannot run there (the node cordoned, a taint it does not
+// tolerate, its nodeSelector, node affinity or nodeName), the claim is
+// placed there still, and a Warning on the claim and on the pod says why the
+// pod will not start. A pod that can run there gets none.
+func TestSourcePlacementPodCannotRun(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-unfit")
+	e.placementClasses()
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		e.node(n)
+	}
+	// Each node as it is once ready: the API server taints new Nodes
+	// not-ready (TaintNodesByCondition), which the node lifecycle
+	// controller, not running here, removes.
+	change := func(name string, f func(*corev1.Node)) {
+		n := &corev1.Node{}
+		e.must(e.c.Get(bg, client.ObjectKey{Name: name}, n))
+		n.Spec.Taints = nil
+		f(n)
+		e.must(e.c.Update(bg, n))
+	}
+	change("node-a", func(n *corev1.Node) { n.Spec.Unschedulable = true })
+	change("node-b", func(n *corev1.Node) {
+		n.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "db", Effect: corev1.TaintEffectNoSchedule},
+			{Key: "spare", Effect: corev1.TaintEffectPreferNoSchedule}}
+	})
+	change("node-c", func(n *corev1.Node) { n.Labels = map[string]string{"zone": "c"} })
+	for _, n := range []string{"a", "b", "c"} {
+		e.sourceOn(ns, "golden-"+n, "podvol.io", "node-"+n)
+	}
+	zone := func(op corev1.NodeSelectorOperator, v string) *corev1.Affinity {
+		return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: op, Values: []string{v}}}}}}}}
+	}
+	for _, c := range []struct {
+		claim, node string
+		pod         func(*corev1.Pod)
+		// why is what the warning says, "" for none.
+		why string
+	}{
+		{"cordoned", "a", func(*corev1.Pod) {}, "the node is cordoned"},
+		{"cordoned-tolerated", "a", func(p *corev1.Pod) {
+			p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		}, ""},
+		{"tainted", "b", func(*corev1.Pod) {}, "taint dedicated=db:NoSchedule, which the pod does not tolerate"},
+		{"tolerated", "b", func(p *corev1.Pod) {
+			p.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Value: "db", Effect: corev1.TaintEffectNoSchedule}}
+		}, ""},
+		{"selector", "c", func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"zone": "x"} }, "the pod's nodeSelector or required node affinity excludes the node"},
+		{"affinity", "c", func(p *corev1.Pod) { p.Spec.Affinity = zone(corev1.NodeSelectorOpNotIn, "c") }, "the pod's nodeSelector or required node affinity excludes the node"},
+		{"affinity-fits", "c", func(p *corev1.Pod) { p.Spec.Affinity = zone(corev1.NodeSelectorOpIn, "c") }, ""},
+		{"node-name", "c", func(p *corev1.Pod) { p.Spec.NodeName = "node-b" }, "it is bound to node node-b (spec.nodeName)"},
+	} {
+		e.restore(ns, c.claim, "podvol", fromClaim("golden-"+c.node), nil)
+		pod := podWith(ns, "use-"+c.claim, claimVol(c.claim))
+		c.pod(pod)
+		e.must(e.c.Create(bg, pod))
+		e.eventually(c.claim+" placed on its source's node", func() bool { return e.placedOn(ns, c.claim, "node-"+c.node) })
+		if c.why == "" {
+			continue
+		}
+		want := "node node-" + c.node + ", which holds its data source PersistentVolumeClaim/golden-" + c.node + ", cannot run pod use-" + c.claim + ": " + c.why
+		e.eventually(c.claim+": the warning on the claim and on the pod", func() bool {
+			return strings.Contains(e.events(ns, c.claim), sourceplacement.ReasonNodeUnfit+": "+want) &&
+				strings.Contains(e.events(ns, "use-"+c.claim), sourceplacement.ReasonNodeUnfit+": volume claim "+c.claim+": "+want)
+		})
+	}
+	// Looked at again (the placement's own update, the watches), each
+	// warns once; the pods that can run there got none.
+	time.Sleep(4 * placementWait)
+	for _, c := range []string{"cordoned", "tainted", "selector", "affinity", "node-name"} {
+		if n := strings.Count(e.events(ns, c), sourceplacement.ReasonNodeUnfit); n != 1 {
+			t.Errorf("%d %s warnings on %s:\n%s", n, sourceplacement.ReasonNodeUnfit, c, e.events(ns, c))
+		}
+	}
+	for _, c := range []string{"cordoned-tolerated", "tolerated", "affinity-fits"} {
+		if ev := e.events(ns, c) + e.events(ns, "use-"+c); strings.Contains(ev, sourceplacement.ReasonNodeUnfit) {
+			t.Errorf("a warning for a pod that can run on the source's node (%s):\n%s", c, ev)
 		}
 	}
 }

@@ -1,10 +1,12 @@
 // Package deploy tests deploy/base's node-side RBAC and admission policies
 // against a real kube-apiserver (envtest): requests are made with real
 // service account tokens bound to pods on named nodes, as the podvol-node
-// pods' own tokens are.
+// pods' own tokens are; and the tenant-facing admission policies, with
+// tenants impersonated under real RBAC.
 //
-// PODVOL_NODE_POLICY and PODVOL_NODE_RBAC name other files to apply instead
-// of deploy/base/node-policy.yaml and deploy/base/rbac-node.yaml: pointing
+// PODVOL_NODE_POLICY, PODVOL_NODE_RBAC and PODVOL_ADMISSION_POLICY name other
+// files to apply instead of deploy/base/node-policy.yaml,
+// deploy/base/rbac-node.yaml and deploy/base/admission-policy.yaml: pointing
 // them at an empty file or an older version shows what the shipped ones
 // prevent (the tests then fail).
 package deploy

@@ -129,11 +129,16 @@ func (e *env) waitForPolicies(t *testing.T) {
 		t.Logf("RBAC and all policies active after %v", time.Since(start).Round(100*time.Millisecond))
 	}
 
-	// kube-controller-manager type-checks each policy's validations (not its
-	// variables, which only the requests above and the tests below
-	// exercise) against the types it matches; a warning means an expression
-	// names a field that does not exist or compares what cannot be equal.
-	for _, p := range e.policies {
+	e.typeChecked(t, e.policies)
+}
+
+// typeChecked: kube-controller-manager type-checks each policy's
+// validations (not its variables, which only the tests' requests exercise)
+// against the types it matches; a warning means an expression names a field
+// that does not exist or compares what cannot be equal.
+func (e *env) typeChecked(t *testing.T, policies []*unstructured.Unstructured) {
+	t.Helper()
+	for _, p := range policies {
 		if p.GetKind() != "ValidatingAdmissionPolicy" {
 			continue
 		}

@@ -26,10 +26,11 @@ func asUser(t *testing.T, user, manifest string) (string, error) {
 }
 
 // testAdmissionPolicyGaps: the ways around the PVC-rights policy are closed
-// for a user without PVC rights (a ReplicationController, a template that
-// names no class while podvol's is the default, one naming podvol's class by
-// the beta annotation, a podvol StorageClass the policy was not shipped
-// with), and stay open for a user with them; a CSI
+// for a user without PVC rights (a ReplicationController, a StatefulSet's
+// volumeClaimTemplates, a template that names no class while podvol's is the
+// default, one naming podvol's class by the beta annotation, a podvol
+// StorageClass the policy was not shipped with), and stay open for a user
+// with them; a CSI
 // inline podvol volume is capped in size for everyone, by a cap an admin can
 // raise per namespace.
 func testAdmissionPolicyGaps(t *testing.T) {
@@ -71,6 +72,20 @@ func testAdmissionPolicyGaps(t *testing.T) {
 		devcluster.PodSpec(6, "true", "vol", "/vol", ephemeralOf("podvol"))
 	admitted("ReplicationController", "dave", rc)
 	refused("ReplicationController", "carol", rc, noRights)
+
+	// A StatefulSet's claim templates: the StatefulSet controller creates
+	// data-sts-0 with its own rights. Another driver's class is let
+	// through.
+	sts := func(class string) string {
+		return "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: sts, namespace: " + n + "}\nspec:\n  replicas: 1\n  serviceName: sts\n" +
+			"  selector: {matchLabels: {app: sts}}\n  template:\n    metadata: {labels: {app: sts}}\n    spec:\n" +
+			devcluster.PodSpec(6, "true", "data", "/data", "") +
+			"  volumeClaimTemplates:\n  - metadata: {name: data}\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: " + class +
+			"\n      resources: {requests: {storage: 64Mi}}\n"
+	}
+	admitted("StatefulSet", "dave", sts("podvol"))
+	refused("StatefulSet", "carol", sts("podvol"), "StatefulSet volumeClaimTemplates entry data asks for a podvol StorageClass")
+	admitted("StatefulSet of another class", "carol", sts("not-podvol"))
 
 	// A podvol StorageClass added after install is podvol's by its
 	// provisioner.

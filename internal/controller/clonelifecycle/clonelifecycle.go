@@ -3,8 +3,11 @@
 // with a data source is a clone that lives only while it is used. Once a pod
 // has used it and no pod uses it any more, it is deleted and created again
 // with the same name and spec, so the next pod gets a fresh clone of the
-// source as it is then. Nothing here is podvol-specific: any CSI driver that
-// clones works.
+// source as it is when the new claim is provisioned. Nothing here is
+// podvol-specific: any CSI driver that clones works. One thing is podvol's: a
+// claim that podvol-controller's source-placement placed on the node that
+// holds its source is created again already placed there, and so provisioned
+// at once (see derive).
 package clonelifecycle
 
 import (
@@ -31,6 +34,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // Annotations.
@@ -231,9 +236,10 @@ func running(p corev1.Pod) bool {
 }
 
 // dropped are the annotations of a PVC that its successor does not get:
-// the binding of the old one, and Used.
+// the binding of the old one, and Used. The placement (names.SelectedNode,
+// names.SourceNode) is derive's to decide.
 var dropped = map[string]bool{
-	Used: true, "pv.kubernetes.io/bind-completed": true, "pv.kubernetes.io/bound-by-controller": true, "volume.kubernetes.io/selected-node": true,
+	Used: true, "pv.kubernetes.io/bind-completed": true, "pv.kubernetes.io/bound-by-controller": true, names.SelectedNode: true, names.SourceNode: true,
 	"volume.kubernetes.io/storage-provisioner": true, "volume.beta.kubernetes.io/storage-provisioner": true, "kubectl.kubernetes.io/last-applied-configuration": true,
 }
 
@@ -242,6 +248,16 @@ var dropped = map[string]bool{
 // labels and annotations less those of its binding, and the fields of its
 // spec that say what to provision. Nothing that would bind it to an
 // existing volume (volumeName, selector), no finalizers, no owners.
+//
+// A claim that source-placement placed on its source's node (its mark and
+// the selected node agree) is created placed there: its clone can be
+// provisioned nowhere else, and a claim that kept only the mark would read
+// to source-placement as one whose placement the node's provisioner gave
+// back (a SourceNodeFull warning and a backoff), while the scheduler picked
+// another node for the next pod. The node's provisioner provisions it at
+// once, ready for the next pod. Any other selected node (the scheduler's
+// choice for the last pod, or a placement given back) is not the next
+// pod's: dropped, with the mark.
 func derive(key types.NamespacedName, src *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
 	s := &src.Spec
 	next := &corev1.PersistentVolumeClaim{
@@ -260,6 +276,10 @@ func derive(key types.NamespacedName, src *corev1.PersistentVolumeClaim) *corev1
 		if !dropped[k] {
 			next.Annotations[k] = v
 		}
+	}
+	if node := src.Annotations[names.SourceNode]; node != "" && src.Annotations[names.SelectedNode] == node {
+		next.Annotations[names.SelectedNode] = node
+		next.Annotations[names.SourceNode] = node
 	}
 	return next
 }

@@ -36,6 +36,11 @@
 // from the manager's cache (the snapshot kinds, read as unstructured
 // objects, too: podvol-controller's client caches unstructured objects).
 //
+// A pod that uses the claim and cannot run on the source's node (cordoned, a
+// taint it does not tolerate, its node constraints) would wait forever: the
+// claim is placed there still (nowhere else can provision it), and a Warning
+// event on the claim and the pod says why.
+//
 // A source in another namespace (dataSourceRef.namespace) is not acted on:
 // which node holds it is the other namespace's to tell, and a ReferenceGrant
 // check is not this controller's to make. A Warning event says so. So does
@@ -46,6 +51,8 @@ package sourceplacement
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,6 +65,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -69,15 +78,6 @@ import (
 
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/snaphandle"
-)
-
-// Annotations.
-const (
-	// SelectedNode is the scheduler's: the node that provisions an unbound
-	// WaitForFirstConsumer claim.
-	SelectedNode = "volume.kubernetes.io/selected-node"
-	// SourceNode marks a claim this controller placed, with the node.
-	SourceNode = "podvol.io/source-node"
 )
 
 // Event reasons.
@@ -95,6 +95,9 @@ const (
 	// ReasonNoSnapshotAPI: a restore, and VolumeSnapshot was not served
 	// when podvol-controller started.
 	ReasonNoSnapshotAPI = "SnapshotAPIMissing"
+	// ReasonNodeUnfit: a pod that uses the claim cannot run on the
+	// source's node, the only one where the claim can be provisioned.
+	ReasonNodeUnfit = "SourceNodeUnfit"
 )
 
 // Defaults of Reconciler.Backoff, Reconciler.MaxBackoff and Reconciler.Wait.
@@ -365,7 +368,7 @@ func uses(pod *corev1.Pod, pvc *corev1.PersistentVolumeClaim) bool {
 // means it: a live pod uses it, or the scheduler selected a node for it (a
 // selected node that podvol did not set).
 func (r *Reconciler) consumed(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (bool, error) {
-	if pvc.Annotations[SelectedNode] != "" && pvc.Annotations[SourceNode] == "" {
+	if pvc.Annotations[names.SelectedNode] != "" && pvc.Annotations[names.SourceNode] == "" {
 		return true, nil
 	}
 	pods := &corev1.PodList{}
@@ -485,7 +488,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case node == "":
 		return reconcile.Result{}, nil
 	}
-	switch err := r.Client.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{}); {
+	n := &corev1.Node{}
+	switch err := r.Client.Get(ctx, client.ObjectKey{Name: node}, n); {
 	case apierrors.IsNotFound(err):
 		r.warnOnce(pvc, problem{ReasonNodeMissing, fmt.Sprintf(
 			"its data source %s is on node %s, which is not in the cluster: the claim can only be provisioned there, so podvol does not place it. Bring the node back, or restore from a source on a node that is in the cluster",
@@ -494,7 +498,104 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case err != nil:
 		return reconcile.Result{}, err
 	}
-	return r.place(ctx, pvc, src, node)
+	res, err := r.place(ctx, pvc, src, node)
+	if err != nil {
+		return res, err
+	}
+	return res, r.checkFit(ctx, pvc, src, n)
+}
+
+// checkFit warns, on the claim and on the pod, of each pod that uses the
+// claim and cannot run on the source's node: the claim can be provisioned
+// only there, so such a pod never starts, and kube-scheduler's own message
+// does not say that the volume's source is why. The claim is placed there
+// all the same (provisioned anywhere else it would fail); the pod or the node
+// is the user's or the admin's to change.
+func (r *Reconciler) checkFit(ctx context.Context, pvc *corev1.PersistentVolumeClaim, src source, node *corev1.Node) error {
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(pvc.Namespace), client.MatchingFields{podClaimIndex: pvc.Name}); err != nil {
+		return fmt.Errorf("list the pods of PVC %s/%s: %w", pvc.Namespace, pvc.Name, err)
+	}
+	type unfitPod struct {
+		pod *corev1.Pod
+		why string
+	}
+	var unfit []unfitPod
+	var podNames []string
+	// key: what was warned of, not repeated.
+	var key strings.Builder
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if !uses(pod, pvc) {
+			continue
+		}
+		if why := cannotRun(log.FromContext(ctx), pod, node); len(why) > 0 {
+			unfit = append(unfit, unfitPod{pod, strings.Join(why, "; ")})
+			podNames = append(podNames, pod.Name)
+			fmt.Fprintf(&key, "%s/%s: %s\n", pod.Name, pod.UID, unfit[len(unfit)-1].why)
+		}
+	}
+	r.mu.Lock()
+	st := r.state(pvc)
+	last := st.warned
+	if len(unfit) > 0 {
+		st.warned = ReasonNodeUnfit + key.String()
+	} else if strings.HasPrefix(st.warned, ReasonNodeUnfit) {
+		// Fits now: a pod that stops fitting again is warned of again.
+		st.warned = ""
+	}
+	r.mu.Unlock()
+	if len(unfit) == 0 || last == st.warned {
+		return nil
+	}
+	for _, u := range unfit {
+		note := fmt.Sprintf("node %s, which holds its data source %s, cannot run pod %s: %s. The claim can only be provisioned there "+
+			"(podvol does not copy data between nodes), so the pod will not start: uncordon the node, let the pod tolerate the taint or "+
+			"change its nodeName, nodeSelector or node affinity, or give it a source on a node it can run on",
+			node.Name, src, u.pod.Name, u.why)
+		r.Recorder.Eventf(pvc, nil, corev1.EventTypeWarning, ReasonNodeUnfit, "Place", "%s", note)
+		r.Recorder.Eventf(u.pod, pvc, corev1.EventTypeWarning, ReasonNodeUnfit, "Place", "volume claim %s: %s", pvc.Name, note)
+	}
+	log.FromContext(ctx).Info("Pods that use a claim cannot run on its source's node", "pvc", client.ObjectKeyFromObject(pvc), "node", node.Name, "pods", podNames)
+	return nil
+}
+
+// cannotRun says why kube-scheduler would not put the pod on the node (or
+// why a pod bound to another node cannot be there), as its NodeName,
+// NodeUnschedulable, TaintToleration and NodeAffinity filters judge; none
+// when it could.
+func cannotRun(logger klog.Logger, pod *corev1.Pod, node *corev1.Node) []string {
+	if pod.Spec.NodeName != "" {
+		if pod.Spec.NodeName != node.Name {
+			return []string{fmt.Sprintf("it is bound to node %s (spec.nodeName)", pod.Spec.NodeName)}
+		}
+		return nil
+	}
+	tolerated := func(t *corev1.Taint) bool {
+		return slices.ContainsFunc(pod.Spec.Tolerations, func(tol corev1.Toleration) bool {
+			// Lt and Gt are compared where the API server admits
+			// them.
+			return tol.ToleratesTaint(logger, t, true)
+		})
+	}
+	var why []string
+	cordoned := node.Spec.Unschedulable
+	if cordoned && !tolerated(&corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}) {
+		why = append(why, "the node is cordoned (unschedulable: drained or being drained)")
+	}
+	for i := range node.Spec.Taints {
+		t := &node.Spec.Taints[i]
+		if t.Effect == corev1.TaintEffectPreferNoSchedule || (cordoned && t.Key == corev1.TaintNodeUnschedulable) {
+			continue
+		}
+		if !tolerated(t) {
+			why = append(why, fmt.Sprintf("taint %s, which the pod does not tolerate", t.ToString()))
+		}
+	}
+	if ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node); err == nil && !ok {
+		why = append(why, "the pod's nodeSelector or required node affinity excludes the node")
+	}
+	return why
 }
 
 // className is the claim's StorageClass.
@@ -615,8 +716,8 @@ func (r *Reconciler) snapshotNode(ctx context.Context, ns, name string) (node st
 // source node's provisioner gave it back less than the claim's backoff ago.
 func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClaim, src source, node string) (reconcile.Result, error) {
 	key := client.ObjectKeyFromObject(pvc)
-	selected := pvc.Annotations[SelectedNode]
-	if pvc.Annotations[SourceNode] == node {
+	selected := pvc.Annotations[names.SelectedNode]
+	if pvc.Annotations[names.SourceNode] == node {
 		if selected == node {
 			return reconcile.Result{}, nil
 		}
@@ -637,10 +738,10 @@ func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClai
 	if pvc.Annotations == nil {
 		pvc.Annotations = map[string]string{}
 	}
-	pvc.Annotations[SelectedNode] = node
-	pvc.Annotations[SourceNode] = node
+	pvc.Annotations[names.SelectedNode] = node
+	pvc.Annotations[names.SourceNode] = node
 	if err := r.Client.Patch(ctx, pvc, patch); err != nil {
-		return reconcile.Result{}, fmt.Errorf("annotate PVC %s %s=%s: %w", key, SelectedNode, node, err)
+		return reconcile.Result{}, fmt.Errorf("annotate PVC %s %s=%s: %w", key, names.SelectedNode, node, err)
 	}
 	r.placed(pvc)
 	log.FromContext(ctx).Info("Placed a claim on its source's node", "pvc", key, "source", src.String(), "node", node, "was", selected)

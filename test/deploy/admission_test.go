@@ -1,0 +1,280 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/podvol/podvol/internal/controller/admissionparams"
+	"github.com/podvol/podvol/internal/names"
+)
+
+// rightsPolicy is the admission policy that checks the right to create PVCs.
+const rightsPolicy = "podvol-ephemeral-volume-rights"
+
+// tenants are users of namespace tenant, by impersonation, with real RBAC:
+// noClaims may create pods and StatefulSets (and update them) but no
+// PersistentVolumeClaims, claims may create PersistentVolumeClaims too.
+type tenants struct{ noClaims, claims *identity }
+
+func (e *env) tenants(t *testing.T) tenants {
+	t.Helper()
+	kc := e.admin.kc
+	workloads := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"statefulsets"}, Verbs: []string{"create", "get", "update", "patch"}},
+	}
+	for user, rules := range map[string][]rbacv1.PolicyRule{
+		"carol": workloads,
+		"dave":  append(workloads, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"create", "get"}}),
+	} {
+		if _, err := kc.RbacV1().Roles("tenant").Create(bg, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kc.RbacV1().RoleBindings("tenant").Create(bg, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: user}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	as := func(user string) *identity {
+		cfg := rest.CopyConfig(e.api.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+		return newIdentity(t, user, cfg)
+	}
+	return tenants{noClaims: as("carol"), claims: as("dave")}
+}
+
+// admissionParams runs podvol-controller's admission-params controller,
+// which writes which StorageClasses are podvol's (by provisioner) into the
+// policies' parameters.
+func (e *env) admissionParams(t *testing.T) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(e.api.Config, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &admissionparams.Reconciler{Client: mgr.GetClient(), Driver: names.Driver, Namespace: namespace, Name: "podvol-admission"}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := mgr.Start(ctx); err != nil {
+			t.Errorf("admission-params: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// params waits until the policies' parameters say want.
+func (e *env) params(t *testing.T, want map[string]string) {
+	t.Helper()
+	var got map[string]string
+	err := eventually(time.Minute, func() error {
+		cm, err := e.admin.kc.CoreV1().ConfigMaps(namespace).Get(bg, "podvol-admission", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		got = cm.Data
+		for k, v := range want {
+			if got[k] != v {
+				return fmt.Errorf("%s is %q", k, got[k])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the admission policies' parameters %v never said %v: %v", got, want, err)
+	}
+}
+
+func claimTemplate(name string, class *string, ann map[string]string) corev1.PersistentVolumeClaim {
+	return corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: class,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+}
+
+func statefulSet(name string, templates ...corev1.PersistentVolumeClaim) *appsv1.StatefulSet {
+	labels := map[string]string{"app": name}
+	return &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: appsv1.StatefulSetSpec{
+		Replicas: ptr.To[int32](1), ServiceName: name, Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "db", Image: "db"}}}},
+		VolumeClaimTemplates: templates}}
+}
+
+// refusedByRights checks that podvol's PVC-rights policy refused the
+// request, with a message naming each of want.
+func refusedByRights(t *testing.T, id *identity, what string, err error, want ...string) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Errorf("%s: %s: want refused by %s, it was allowed", id.name, what, rightsPolicy)
+	case !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+rightsPolicy+"'"):
+		t.Errorf("%s: %s: want refused by %s, got: %v", id.name, what, rightsPolicy, err)
+	default:
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %s: refusal does not say %q: %v", id.name, what, w, err)
+			}
+		}
+		t.Logf("%s: %s: refused: %v", id.name, what, err)
+	}
+}
+
+// TestClaimRights: deploy/base's admission policies, with their parameters
+// kept by admission-params, refuse a user who may not create
+// PersistentVolumeClaims the podvol PVCs that others would create for them:
+// a pod's generic ephemeral volume, and a StatefulSet's volumeClaimTemplates
+// (kube-controller-manager's StatefulSet controller creates one PVC per
+// template and replica, with its own rights). A user who may create PVCs,
+// and templates of other drivers' classes, are let through.
+func TestClaimRights(t *testing.T) {
+	e := start(t)
+	for name, prov := range map[string]string{"podvol": names.Driver, "local-fast": names.Driver, "network": "other.example.com"} {
+		if _, err := e.admin.kc.StorageV1().StorageClasses().Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Provisioner: prov, VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	policies := apply(t, e.ac, manifest(t, "PODVOL_ADMISSION_POLICY", "admission-policy.yaml"))
+	e.admissionParams(t)
+	// local-fast is podvol's by its provisioner: the shipped parameters do
+	// not name it.
+	e.params(t, map[string]string{admissionparams.Classes: "local-fast podvol", admissionparams.DefaultIsPodvol: "false"})
+	u := e.tenants(t)
+	sts := u.noClaims.kc.AppsV1().StatefulSets("tenant")
+
+	// The policies are loaded, and the RoleBindings have reached the
+	// authorizer, once a pod with a podvol ephemeral volume is refused to
+	// carol and admitted for dave (dry runs: nothing is written).
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "c"}},
+		Volumes: []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{
+			VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: claimTemplate("", ptr.To("podvol"), nil).Spec}}}}}}}
+	began := time.Now()
+	err := eventually(time.Minute, func() error {
+		if _, err := u.claims.kc.CoreV1().Pods("tenant").Create(bg, pod, dryRun); err != nil {
+			return err
+		}
+		_, err := u.noClaims.kc.CoreV1().Pods("tenant").Create(bg, pod, dryRun)
+		if err == nil {
+			return fmt.Errorf("carol's pod was admitted")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("after %v: the policies or the RBAC never took effect: %v", time.Since(began).Round(time.Second), err)
+	}
+	t.Logf("policies and RBAC in effect after %v", time.Since(began).Round(100*time.Millisecond))
+	_, err = u.noClaims.kc.CoreV1().Pods("tenant").Create(bg, pod, dryRun)
+	refusedByRights(t, u.noClaims, "pod with a podvol ephemeral volume", err, "ephemeral volume scratch", "carol may not create PersistentVolumeClaims in namespace tenant")
+
+	const noRights = "carol may not create PersistentVolumeClaims in namespace tenant"
+	for _, c := range []struct {
+		what      string
+		templates []corev1.PersistentVolumeClaim
+		// refused names the template refused, "" for admitted.
+		refused string
+	}{
+		{"a podvol class", []corev1.PersistentVolumeClaim{claimTemplate("data", ptr.To("podvol"), nil)}, "data"},
+		{"a podvol class added by an admin (found by provisioner)", []corev1.PersistentVolumeClaim{claimTemplate("data", ptr.To("local-fast"), nil)}, "data"},
+		{"a podvol class by the beta annotation, which wins over storageClassName",
+			[]corev1.PersistentVolumeClaim{claimTemplate("data", ptr.To("network"), map[string]string{corev1.BetaStorageClassAnnotation: "podvol"})}, "data"},
+		{"another driver's class, then a podvol one",
+			[]corev1.PersistentVolumeClaim{claimTemplate("logs", ptr.To("network"), nil), claimTemplate("wal", ptr.To("podvol"), nil)}, "wal"},
+		{"another driver's class", []corev1.PersistentVolumeClaim{claimTemplate("data", ptr.To("network"), nil)}, ""},
+		{"no class, and the default class is not podvol's", []corev1.PersistentVolumeClaim{claimTemplate("data", nil, nil)}, ""},
+		{"no template", nil, ""},
+	} {
+		_, err := sts.Create(bg, statefulSet("db", c.templates...), dryRun)
+		what := "StatefulSet with " + c.what
+		if c.refused == "" {
+			allowed(t, u.noClaims, what, err)
+			continue
+		}
+		refusedByRights(t, u.noClaims, what, err, "StatefulSet volumeClaimTemplates entry "+c.refused, "asks for a podvol StorageClass", noRights)
+		_, err = u.claims.kc.AppsV1().StatefulSets("tenant").Create(bg, statefulSet("db", c.templates...), dryRun)
+		allowed(t, u.claims, what, err)
+	}
+
+	// An update of a StatefulSet with a podvol template (an admin's): its
+	// new replicas would get new PVCs.
+	if _, err := e.admin.kc.AppsV1().StatefulSets("tenant").Create(bg, statefulSet("pg", claimTemplate("data", ptr.To("podvol"), nil)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	scale := func(id *identity, name string) error {
+		s, err := id.kc.AppsV1().StatefulSets("tenant").Get(bg, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s.Spec.Replicas = ptr.To(*s.Spec.Replicas + 1)
+		_, err = id.kc.AppsV1().StatefulSets("tenant").Update(bg, s, metav1.UpdateOptions{})
+		return err
+	}
+	refusedByRights(t, u.noClaims, "update of a StatefulSet with a podvol template", scale(u.noClaims, "pg"), "StatefulSet volumeClaimTemplates entry data", noRights)
+	allowed(t, u.claims, "update of a StatefulSet with a podvol template", scale(u.claims, "pg"))
+
+	// An update that adds a podvol template. Kubernetes holds
+	// volumeClaimTemplates immutable (so far): either refusal will do.
+	if _, err := e.admin.kc.AppsV1().StatefulSets("tenant").Create(bg, statefulSet("web"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	web, err := sts.Get(bg, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web.Spec.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{claimTemplate("data", ptr.To("podvol"), nil)}
+	_, err = sts.Update(bg, web, metav1.UpdateOptions{})
+	switch {
+	case apierrors.IsInvalid(err) && strings.Contains(err.Error(), "spec.volumeClaimTemplates"):
+		t.Logf("carol: update adding a podvol template: refused by the API server's validation: %v", err)
+	default:
+		refusedByRights(t, u.noClaims, "update adding a podvol template", err, "StatefulSet volumeClaimTemplates entry data", noRights)
+	}
+
+	// podvol's class made the default: a template that names no class is
+	// podvol's.
+	def, err := e.admin.kc.StorageV1().StorageClasses().Get(bg, "podvol", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	def.Annotations = map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}
+	if _, err := e.admin.kc.StorageV1().StorageClasses().Update(bg, def, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.params(t, map[string]string{admissionparams.DefaultIsPodvol: "true"})
+	noClass := statefulSet("db", claimTemplate("data", nil, nil))
+	// The policies read their parameters through an informer.
+	_ = eventually(30*time.Second, func() error {
+		if _, err := sts.Create(bg, noClass, dryRun); err == nil {
+			return fmt.Errorf("admitted")
+		}
+		return nil
+	})
+	_, err = sts.Create(bg, noClass, dryRun)
+	refusedByRights(t, u.noClaims, "StatefulSet with no class while podvol's is the default", err, "StatefulSet volumeClaimTemplates entry data", "or none: the default class is podvol's", noRights)
+	_, err = u.claims.kc.AppsV1().StatefulSets("tenant").Create(bg, noClass, dryRun)
+	allowed(t, u.claims, "StatefulSet with no class while podvol's is the default", err)
+
+	e.typeChecked(t, policies)
+}
