@@ -140,6 +140,20 @@ func (r *Report) Met(variant string) (met, measured, all int) {
 	return met, measured, all
 }
 
+// Missed lists the variant's measured jobs that miss their target, as
+// "fs job ratio".
+func (r *Report) Missed(variant string) []string {
+	var out []string
+	for _, fs := range r.Filesystems {
+		for _, j := range Jobs {
+			if v := r.Verdict(fs, variant, j); v.Measured && !v.Met {
+				out = append(out, fs+" "+j.Key+" "+ratioText(j, v))
+			}
+		}
+	}
+	return out
+}
+
 // Figure is the cell text for a result of job j.
 func Figure(j Job, r Result) string {
 	switch j.Kind {
@@ -177,15 +191,19 @@ func mib(b int64) string {
 	return fmt.Sprintf("%.0f KiB", float64(b)/(1<<10))
 }
 
+func ratioText(j Job, v Verdict) string {
+	if j.Kind == Residency {
+		return fmt.Sprintf("%.1f%%", v.Ratio*100)
+	}
+	return fmt.Sprintf("%.2f×", v.Ratio)
+}
+
 // VerdictText is the cell text of a verdict for job j.
 func VerdictText(j Job, v Verdict) string {
 	if !v.Measured {
 		return "—"
 	}
-	val := fmt.Sprintf("%.2f×", v.Ratio)
-	if j.Kind == Residency {
-		val = fmt.Sprintf("%.1f%%", v.Ratio*100)
-	}
+	val := ratioText(j, v)
 	if v.Met {
 		return val + " met"
 	}
@@ -264,7 +282,11 @@ func (r *Report) Markdown() string {
 	p("")
 	for _, v := range r.Variants {
 		met, measured, all := r.Met(v.Name)
-		p("- **%s**: %d of %d targets met (%d measured).", v.Name, met, all, measured)
+		line := fmt.Sprintf("- **%s**: %d of %d targets met (%d measured)", v.Name, met, all, measured)
+		if missed := r.Missed(v.Name); len(missed) > 0 {
+			line += "; not met: " + strings.Join(missed, ", ")
+		}
+		p("%s.", line)
 	}
 	p("")
 	names := r.variantNames()
