@@ -51,6 +51,7 @@ func main() {
 		regDir      = flag.String("registration-dir", "", "kubelet's plugin registration directory (e.g. /var/lib/kubelet/plugins_registry); empty: do not register")
 		regPath     = flag.String("kubelet-registration-path", "", "the CSI socket's path as the kubelet sees it (default: the --endpoint path)")
 		unknownImgs = flag.String("unknown-images", pool.UnknownRefuse, "images in the pool that the metadata store has no record of (a lost or old podvol.db): "+strings.Join(pool.UnknownImagePolicies, ", ")+"; refuse stops the plugin with an explanation")
+		directIO    = flag.Bool("direct-io", true, "loop devices read and write volume images with direct I/O, so that the host's page cache holds no second copy of the data; false: through the page cache, as before (where the pool's filesystem refuses direct I/O, devices fall back to that on their own)")
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
 	klog.InitFlags(nil)
@@ -61,7 +62,7 @@ func main() {
 	}
 	cfg := config{endpoint: *endpoint, nodeID: *nodeID, poolDir: *poolDir, capacity: *capacity, metricsAddr: *metricsAddr,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
-		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs}
+		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO}
 	if err := run(cfg); err != nil {
 		klog.ErrorS(err, "podvol-plugin failed")
 		klog.Flush()
@@ -78,6 +79,7 @@ type config struct {
 	sandboxDirs                                      []string
 	regDir, regPath                                  string
 	unknownImages                                    string
+	directIO                                         bool
 }
 
 func quantity(flagName, v string) (int64, error) {
@@ -125,6 +127,8 @@ func run(c config) error {
 		}
 	}()
 	n := node.New(p, &directvolume.Shim{Root: c.kataDir, SandboxDirs: c.sandboxDirs}, host)
+	n.SetDirectIO(c.directIO)
+	klog.InfoS("Loop devices", "directIO", c.directIO, "poolBlockSize", device.PoolBlockSize(p.Dir()))
 	decider, err := decider(c.kubeconfig)
 	if err != nil {
 		return err
@@ -160,9 +164,11 @@ func run(c config) error {
 			// whatever the number of volumes.
 			u := p.Store().Usage()
 			total, allocated := p.Capacity()
+			refused, _ := n.DirectIORefused()
 			return metrics.PoolStats{
 				CapacityBytes: total, AllocatedBytes: allocated,
 				Volumes: u.Volumes - u.InlineVolumes, InlineVolumes: u.InlineVolumes, Snapshots: u.Snapshots,
+				DirectIORefused: refused,
 			}, nil
 		})
 		observe = m.ObserveRPC

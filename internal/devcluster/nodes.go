@@ -215,7 +215,10 @@ func (n *Node) preparePool(ctx context.Context) error {
 	dev := ""
 	if len(devs) > 0 {
 		dev = devs[0]
-	} else if dev, err = device.AttachLoop(img); err != nil {
+	} else if dev, err = device.AttachLoop(img, device.LoopOptions{DirectIO: true}); err != nil {
+		// The pool stands for a node's disk: with direct I/O the host's
+		// page cache holds none of it, as it would hold none of a disk's
+		// data beyond what the node's filesystems cache.
 		return fmt.Errorf("node %s: attach the pool image: %w", n.Name, err)
 	}
 	if err := device.Mount(ctx, dev, mnt, "xfs", nil); err != nil {

@@ -29,7 +29,7 @@ func image(t *testing.T, size int64) string {
 
 func TestLoopAttachFindDetach(t *testing.T) {
 	img := image(t, 32<<20)
-	dev, err := AttachLoop(img)
+	dev, err := AttachLoop(img, LoopOptions{DirectIO: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestLoopAttachFindDetach(t *testing.T) {
 // dev cluster's e2e tests).
 func TestDetachWaitsForAPassingOpener(t *testing.T) {
 	img := image(t, 32<<20)
-	dev, err := AttachLoop(img)
+	dev, err := AttachLoop(img, LoopOptions{DirectIO: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestAttachRefusesSymlink(t *testing.T) {
 	if err := os.Symlink(img, link); err != nil {
 		t.Fatal(err)
 	}
-	if dev, err := AttachLoop(link); err == nil {
+	if dev, err := AttachLoop(link, LoopOptions{DirectIO: true}); err == nil {
 		_ = DetachLoop(dev, img)
 		t.Fatal("attached through a symlink")
 	}
@@ -106,7 +106,7 @@ func TestFormatProbeMount(t *testing.T) {
 	for _, fs := range []string{"ext4", "xfs"} {
 		t.Run(fs, func(t *testing.T) {
 			img := image(t, 300<<20)
-			dev, err := AttachLoop(img)
+			dev, err := AttachLoop(img, LoopOptions{DirectIO: true})
 			if err != nil {
 				t.Fatal(err)
 			}

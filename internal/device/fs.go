@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -77,15 +79,27 @@ func Probe(ctx context.Context, dev string) (string, error) {
 	return "unknown", nil
 }
 
-// Format makes a filesystem on dev. Discard is skipped: the image is sparse
-// already, and discarding a large one only costs time.
+// Format makes a filesystem on dev (a loop device, or an image file).
+// Discard is skipped: the image is sparse already, and discarding a large
+// one only costs time.
+//
+// Its sectors and blocks are sized for a loop device at the pool's block
+// size (PoolBlockSize), as AttachLoop sets one up: ext4 gets 4 KiB blocks
+// whatever its size (mke2fs would give a small one 1 KiB blocks, which
+// could not be mounted on a 4 KiB device), xfs made on an image file the
+// pool's block size as its sector size (mkfs.xfs would take 512 bytes for a
+// file; on a device it takes the device's own).
 func Format(ctx context.Context, dev, fsType string) error {
 	switch fsType {
 	case "ext4":
-		_, err := run(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", dev)
+		_, err := run(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-b", "4096", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", dev)
 		return err
 	case "xfs":
-		_, err := run(ctx, "mkfs.xfs", "-q", "-f", "-K", dev)
+		args := []string{"-q", "-f", "-K"}
+		if fi, err := os.Stat(dev); err == nil && fi.Mode().IsRegular() {
+			args = append(args, "-s", "size="+strconv.Itoa(PoolBlockSize(dev)))
+		}
+		_, err := run(ctx, "mkfs.xfs", append(args, dev)...)
 		return err
 	}
 	return fmt.Errorf("unsupported filesystem %q", fsType)

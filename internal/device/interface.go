@@ -23,7 +23,8 @@ type Interface interface {
 
 // Loops is the kernel's loop driver: block devices backed by image files.
 type Loops interface {
-	AttachLoop(image string) (dev string, err error)
+	AttachLoop(image string, opts LoopOptions) (dev string, err error)
+	LoopStatus(dev string) (LoopIO, error)
 	DetachLoop(dev, backing string) error
 	LoopDevices() (map[string]string, error)
 	LoopsFor(image string) ([]string, error)
@@ -85,7 +86,11 @@ type Host struct{}
 
 var _ Interface = Host{}
 
-func (Host) AttachLoop(image string) (string, error)               { return AttachLoop(image) }
+func (Host) AttachLoop(image string, opts LoopOptions) (string, error) {
+	return AttachLoop(image, opts)
+}
+
+func (Host) LoopStatus(dev string) (LoopIO, error)                 { return LoopStatus(dev) }
 func (Host) DetachLoop(dev, backing string) error                  { return DetachLoop(dev, backing) }
 func (Host) LoopDevices() (map[string]string, error)               { return LoopDevices() }
 func (Host) LoopsFor(image string) ([]string, error)               { return LoopsFor(image) }

@@ -7,8 +7,10 @@
 package device
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,10 +22,137 @@ import (
 
 const loopControl = "/dev/loop-control"
 
-// AttachLoop attaches image to a free loop device and returns the device path.
-// The image is opened without following symlinks so that a link planted in the
-// pool cannot redirect I/O to a file outside it.
-func AttachLoop(image string) (string, error) {
+// LoopOptions say how AttachLoop sets a loop device up.
+type LoopOptions struct {
+	// DirectIO makes the device read and write its image with direct I/O
+	// (LO_FLAGS_DIRECT_IO), bypassing the host's page cache: the volume's
+	// filesystem caches its data once, charged to the pod that uses it,
+	// instead of a second time in the host's cache of the image, charged
+	// to nobody. Where the pool's filesystem refuses direct I/O (ramfs, a
+	// FUSE filesystem, a block size below what the pool's filesystem
+	// aligns direct I/O to), the device is attached buffered instead:
+	// LoopStatus tells which it got.
+	DirectIO bool
+	// BlockSize is the device's logical block size: 512, 1024, 2048 or
+	// 4096. 0 chooses (ChooseBlockSize): the pool's block size, lowered to
+	// what a filesystem already on the image was made for.
+	BlockSize int
+}
+
+// LoopIO is how an attached loop device does its I/O.
+type LoopIO struct {
+	DirectIO  bool
+	BlockSize int
+}
+
+// LegacyBlockSize is the logical block size loop devices have by default,
+// and had in podvol before it chose one: what a raw block volume's consumer
+// has seen and may depend on (a partition table addresses 512-byte sectors).
+const LegacyBlockSize = 512
+
+// maxBlockSize is the largest logical block size a loop device takes on
+// every kernel podvol runs on (a page).
+const maxBlockSize = 4096
+
+// PoolBlockSize returns the logical block size that suits a loop device over
+// the file (or directory) at path: its filesystem's block size, so that the
+// device's I/O is never a fraction of a block of the pool's filesystem (a
+// sub-block direct write is serialised and zero-filled there), capped at a
+// page, and at least the alignment that filesystem requires of direct I/O
+// (a 4Kn disk's). 512 when the filesystem tells neither.
+func PoolBlockSize(path string) int {
+	bs := LegacyBlockSize
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err == nil && validBlockSize(int(fs.Bsize)) {
+		bs = int(fs.Bsize)
+	} else if err == nil && fs.Bsize > maxBlockSize {
+		bs = maxBlockSize
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_DIOALIGN, &stx); err == nil && stx.Mask&unix.STATX_DIOALIGN != 0 {
+		if a := int(stx.Dio_offset_align); a > bs && validBlockSize(a) {
+			bs = a
+		}
+	}
+	return bs
+}
+
+func validBlockSize(bs int) bool {
+	return bs >= 512 && bs <= maxBlockSize && bs&(bs-1) == 0
+}
+
+// ChooseBlockSize returns the logical block size for a loop device over
+// image: the pool's (PoolBlockSize), unless a filesystem on the image was
+// made for smaller sectors. Such a filesystem cannot be mounted on a device
+// with larger ones: xfs refuses a device whose logical block size exceeds
+// its sector size ("device supports 4096 byte sectors (not 512)"), ext4 one
+// that exceeds its block size. podvol made xfs with 512-byte sectors and
+// small ext4 with 1 KiB blocks before it chose a block size, and a snapshot,
+// clone or restore carries its source's filesystem.
+func ChooseBlockSize(image string) (int, error) {
+	bs := PoolBlockSize(image)
+	fsMax, err := FilesystemBlockLimit(image)
+	if err != nil {
+		return 0, err
+	}
+	if fsMax != 0 && fsMax < bs {
+		bs = fsMax
+	}
+	return bs, nil
+}
+
+// FilesystemBlockLimit reads the superblock at the start of image (or of a
+// block device) and returns the largest logical block size a device may
+// have for that filesystem to mount: an xfs's sector size, an ext4's block
+// size. 0 when it finds neither: no filesystem (yet), or one podvol does not
+// make.
+func FilesystemBlockLimit(image string) (int, error) {
+	f, err := os.OpenFile(image, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("read the superblock of %s: %w", image, err)
+	}
+	defer f.Close()
+	var sb [2048]byte
+	n, err := f.ReadAt(sb[:], 0)
+	if n < len(sb) {
+		if n == 0 && err != nil && !errors.Is(err, io.EOF) {
+			return 0, fmt.Errorf("read the superblock of %s: %w", image, err)
+		}
+		return 0, nil
+	}
+	// xfs: "XFSB" at 0, sb_sectsize (big endian) at 102.
+	if string(sb[0:4]) == "XFSB" {
+		if ss := int(binary.BigEndian.Uint16(sb[102:104])); validBlockSize(ss) || ss > maxBlockSize {
+			return min(ss, maxBlockSize), nil
+		}
+		return 0, nil
+	}
+	// ext2/3/4: the superblock at 1024, s_magic 0xEF53 at 56 in it,
+	// s_log_block_size at 24 (block size = 1024 << it).
+	if binary.LittleEndian.Uint16(sb[1024+56:]) == 0xEF53 {
+		if lg := binary.LittleEndian.Uint32(sb[1024+24:]); lg <= 6 {
+			return min(1024<<lg, maxBlockSize), nil
+		}
+	}
+	return 0, nil
+}
+
+// AttachLoop attaches image to a free loop device, set up as opts say, and
+// returns the device path. The image is opened without following symlinks
+// so that a link planted in the pool cannot redirect I/O to a file outside
+// it. A refusal of direct I/O is not an error: the device is attached
+// buffered, as LoopStatus then shows.
+func AttachLoop(image string, opts LoopOptions) (string, error) {
+	bs := opts.BlockSize
+	if bs == 0 {
+		var err error
+		if bs, err = ChooseBlockSize(image); err != nil {
+			return "", err
+		}
+	}
+	if !validBlockSize(bs) {
+		return "", fmt.Errorf("attach %s: logical block size %d: want 512, 1024, 2048 or 4096", image, bs)
+	}
 	img, err := os.OpenFile(image, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", fmt.Errorf("open image: %w", err)
@@ -50,9 +179,7 @@ func AttachLoop(image string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
-		copy(cfg.Info.File_name[:], image)
-		err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
+		err = configureLoop(lf, img, image, bs, opts.DirectIO)
 		lf.Close()
 		if err == nil {
 			return dev, nil
@@ -64,6 +191,84 @@ func AttachLoop(image string) (string, error) {
 		time.Sleep(time.Duration(attempt+1) * 5 * time.Millisecond)
 	}
 	return "", fmt.Errorf("attach %s: every free loop device was taken concurrently: %w", image, lastErr)
+}
+
+// loopConfigure is LOOP_CONFIGURE; tests replace it to take the path of a
+// kernel that lacks it.
+var loopConfigure = unix.IoctlLoopConfigure
+
+// configureLoop binds img to the loop device lf in one LOOP_CONFIGURE
+// (Linux 5.8), with direct I/O if asked and the kernel grants it, else
+// buffered. Kernels before 5.8 answer LOOP_CONFIGURE with EINVAL or ENOTTY;
+// there the older ioctls do the same in steps.
+func configureLoop(lf, img *os.File, name string, bs int, directIO bool) error {
+	cfg := unix.LoopConfig{Fd: uint32(img.Fd()), Size: uint32(bs)}
+	copy(cfg.Info.File_name[:], name)
+	if directIO {
+		cfg.Info.Flags = unix.LO_FLAGS_DIRECT_IO
+		// A kernel that cannot do direct I/O on this file refuses the
+		// whole configuration (EINVAL; older ones attach buffered and
+		// say so in the flags): try again without.
+		err := loopConfigure(int(lf.Fd()), &cfg)
+		if err == nil || !(errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY)) {
+			return err
+		}
+		cfg.Info.Flags = 0
+	}
+	err := loopConfigure(int(lf.Fd()), &cfg)
+	if err == nil || !(errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY)) {
+		return err
+	}
+	return configureLoopLegacy(lf, img, name, bs, directIO)
+}
+
+// configureLoopLegacy is configureLoop for kernels without LOOP_CONFIGURE:
+// bind, name, block size, then direct I/O, whose refusal leaves the device
+// buffered. A failure after the bind unbinds again, so that no half-set-up
+// device is left.
+func configureLoopLegacy(lf, img *os.File, name string, bs int, directIO bool) error {
+	fd := int(lf.Fd())
+	if err := unix.IoctlSetInt(fd, unix.LOOP_SET_FD, int(img.Fd())); err != nil {
+		return fmt.Errorf("LOOP_SET_FD: %w", err)
+	}
+	undo := func(err error) error {
+		_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+		return err
+	}
+	info := unix.LoopInfo64{}
+	copy(info.File_name[:], name)
+	if err := unix.IoctlLoopSetStatus64(fd, &info); err != nil {
+		return undo(fmt.Errorf("LOOP_SET_STATUS64: %w", err))
+	}
+	if bs != LegacyBlockSize {
+		if err := unix.IoctlSetInt(fd, unix.LOOP_SET_BLOCK_SIZE, bs); err != nil {
+			return undo(fmt.Errorf("LOOP_SET_BLOCK_SIZE %d: %w", bs, err))
+		}
+	}
+	if directIO {
+		// EINVAL: the backing file cannot do direct I/O at this block
+		// size; the device stays buffered.
+		_ = unix.IoctlSetInt(fd, unix.LOOP_SET_DIRECT_IO, 1)
+	}
+	return nil
+}
+
+// LoopStatus returns how an attached loop device does its I/O.
+func LoopStatus(dev string) (LoopIO, error) {
+	name := filepath.Base(dev)
+	dio, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "dio"))
+	if err != nil {
+		return LoopIO{}, fmt.Errorf("%s is not an attached loop device: %w", dev, err)
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/block", name, "queue", "logical_block_size"))
+	if err != nil {
+		return LoopIO{}, fmt.Errorf("logical block size of %s: %w", dev, err)
+	}
+	bs, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return LoopIO{}, fmt.Errorf("logical block size of %s: %q", dev, b)
+	}
+	return LoopIO{DirectIO: strings.TrimSpace(string(dio)) == "1", BlockSize: bs}, nil
 }
 
 // openLoopNode opens the device node, creating it when /dev is not a devtmpfs

@@ -92,5 +92,11 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 			Message: fmt.Sprintf("the pool filesystem has %d bytes free, but volumes and snapshots may still write %d into their sparse images: writes may fail with ENOSPC; give the pool its own filesystem or lower --capacity", free, promised),
 		})
 	}
+	if n, last := d.cfg.Node.DirectIORefused(); n > 0 {
+		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
+			Status: csi.StorageHealthErrorType_STORAGE_DEGRADED, Reason: "DirectIORefused",
+			Message: fmt.Sprintf("the pool filesystem refused direct I/O for %d loop device(s) since the plugin started (the last: %s): they work, through the host's page cache, which holds a second copy of their data that no pod's memory limit counts; put the pool on a filesystem that takes O_DIRECT (ext4, xfs), or start the plugin with --direct-io=false to stop asking", n, last),
+		})
+	}
 	return resp, nil
 }

@@ -20,6 +20,9 @@ type PoolStats struct {
 	CapacityBytes, AllocatedBytes int64
 	Volumes, InlineVolumes        int
 	Snapshots                     int
+	// DirectIORefused counts loop devices attached buffered since the
+	// start because the pool's filesystem refused direct I/O.
+	DirectIORefused int64
 }
 
 // Metrics holds podvol's collectors.
@@ -54,6 +57,7 @@ var (
 	freeDesc      = prometheus.NewDesc("podvol_pool_free_bytes", "Bytes of the pool left for new volumes.", nil, nil)
 	volumesDesc   = prometheus.NewDesc("podvol_volumes", "Volumes in the pool, by kind: persistent (PVCs, generic ephemeral) or inline (CSI inline ephemeral).", []string{"kind"}, nil)
 	snapshotsDesc = prometheus.NewDesc("podvol_snapshots", "Snapshots in the pool.", nil, nil)
+	refusedDesc   = prometheus.NewDesc("podvol_loop_direct_io_refused_total", "Loop devices attached through the host's page cache because the pool's filesystem refused direct I/O.", nil, nil)
 )
 
 type poolCollector struct {
@@ -61,7 +65,7 @@ type poolCollector struct {
 }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{capacityDesc, allocatedDesc, freeDesc, volumesDesc, snapshotsDesc} {
+	for _, d := range []*prometheus.Desc{capacityDesc, allocatedDesc, freeDesc, volumesDesc, snapshotsDesc, refusedDesc} {
 		ch <- d
 	}
 }
@@ -78,6 +82,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.Volumes), "persistent")
 	ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.InlineVolumes), "inline")
 	ch <- prometheus.MustNewConstMetric(snapshotsDesc, prometheus.GaugeValue, float64(s.Snapshots))
+	ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(s.DirectIORefused))
 }
 
 // Serve serves /metrics and /healthz on addr until ctx ends. healthy is the

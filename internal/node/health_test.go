@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"cmp"
+	"github.com/podvol/podvol/internal/device"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,7 +27,7 @@ func TestHealth(t *testing.T) {
 			e.dev.Reboot()
 			other := filepath.Join(e.t.TempDir(), "other.img")
 			must(e.t, os.WriteFile(other, make([]byte, 1<<20), 0o600))
-			got, err := e.dev.AttachLoop(other)
+			got, err := e.dev.AttachLoop(other, device.LoopOptions{})
 			must(e.t, err)
 			if got != dev {
 				e.t.Fatalf("the freed %s was not reused: %s", dev, got)

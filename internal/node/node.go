@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -29,6 +30,18 @@ type Node struct {
 	store  *store.Store
 	direct *directvolume.Shim // nil: no direct assignment
 	dev    device.Interface
+
+	// buffered turns direct I/O of loop devices off (--direct-io=false).
+	buffered bool
+	refused  refusals
+}
+
+// refusals counts loop devices attached buffered although direct I/O was
+// asked for, because the pool's filesystem refused it.
+type refusals struct {
+	mu    sync.Mutex
+	count int64
+	last  string
 }
 
 // New returns a Node for p. direct configures Kata direct assignment; nil
@@ -48,6 +61,21 @@ type StageRequest struct {
 	Block       bool
 	FsType      string // from the capability; "" means the volume's own
 	MountFlags  []string
+}
+
+// SetDirectIO says whether loop devices attached from now on do direct I/O
+// on their images (the default) or go through the host's page cache with
+// 512-byte blocks, as they all did before (the escape hatch, and the
+// "before" of the data path benchmark).
+func (n *Node) SetDirectIO(on bool) { n.buffered = !on }
+
+// DirectIORefused returns how many loop devices were attached buffered since
+// the start because the pool's filesystem refused direct I/O, and what the
+// last one was.
+func (n *Node) DirectIORefused() (count int64, last string) {
+	n.refused.mu.Lock()
+	defer n.refused.mu.Unlock()
+	return n.refused.count, n.refused.last
 }
 
 func (n *Node) volume(id string) (*store.Volume, error) { return n.pool.ReadyVolume(id) }
@@ -80,7 +108,7 @@ func (n *Node) Stage(ctx context.Context, r StageRequest) error {
 	}
 	failpoint.Hit("stage-after-record")
 
-	dev, err := n.ensureLoop(v)
+	dev, err := n.ensureLoop(v, r.Block)
 	if err != nil {
 		return n.failStage(v.ID, err)
 	}
@@ -124,19 +152,28 @@ func (n *Node) failStage(id string, cause error) error {
 
 // ensureLoop returns the loop device of the volume's image, attaching one if
 // there is none. Extra devices of the same image (a crash between attach and
-// record) are detached unless mounted.
-func (n *Node) ensureLoop(v *store.Volume) (string, error) {
+// record) are detached unless mounted. A device attached before the plugin
+// did direct I/O keeps its setup until the volume is unstaged: its block
+// size cannot change under a mounted filesystem.
+func (n *Node) ensureLoop(v *store.Volume, block bool) (string, error) {
 	img := n.pool.ImagePath(v.ID)
 	devs, err := n.dev.LoopsFor(img)
 	if err != nil {
 		return "", err
 	}
 	if len(devs) == 0 {
-		dev, err := n.dev.AttachLoop(img)
+		opts := n.loopOptions(block)
+		dev, err := n.dev.AttachLoop(img, opts)
 		if err != nil {
 			return "", fmt.Errorf("attach volume %s: %w", v.ID, err)
 		}
-		klog.V(2).InfoS("Attached loop device", "volume", v.ID, "device", dev)
+		st, err := n.dev.LoopStatus(dev)
+		if err != nil {
+			klog.ErrorS(err, "Reading the setup of a loop device just attached", "volume", v.ID, "device", dev)
+		} else if opts.DirectIO && !st.DirectIO {
+			n.directIORefused(v.ID, img, dev, st)
+		}
+		klog.V(2).InfoS("Attached loop device", "volume", v.ID, "device", dev, "directIO", st.DirectIO, "blockSize", st.BlockSize)
 		return dev, nil
 	}
 	keep := devs[0]
@@ -154,6 +191,41 @@ func (n *Node) ensureLoop(v *store.Volume) (string, error) {
 		}
 	}
 	return keep, nil
+}
+
+// loopOptions is how a volume's loop device is set up. A filesystem volume
+// gets the pool's block size, or its filesystem's sector size if that is
+// smaller (device.ChooseBlockSize). A raw block volume keeps 512-byte
+// blocks, as it always had: its consumer's data (a partition table, a
+// filesystem made in the pod, an application's O_DIRECT alignment) may
+// depend on them, and podvol cannot tell.
+func (n *Node) loopOptions(block bool) device.LoopOptions {
+	switch {
+	case n.buffered:
+		return device.LoopOptions{BlockSize: device.LegacyBlockSize}
+	case block:
+		return device.LoopOptions{DirectIO: true, BlockSize: device.LegacyBlockSize}
+	}
+	return device.LoopOptions{DirectIO: true}
+}
+
+// directIORefused records a loop device attached buffered against the
+// plugin's wish: said once in the log (the pool's filesystem does not
+// change while the plugin runs), counted for the metric and the pool's
+// health.
+func (n *Node) directIORefused(id, img, dev string, st device.LoopIO) {
+	r := &n.refused
+	r.mu.Lock()
+	r.count++
+	first := r.count == 1
+	r.last = fmt.Sprintf("volume %s (%s, %d-byte blocks)", id, dev, st.BlockSize)
+	r.mu.Unlock()
+	msg := "The pool's filesystem refused direct I/O: the loop device reads and writes the image through the host's page cache, which then holds a second copy of the volume's data; put the pool on a filesystem that takes O_DIRECT (ext4, xfs)"
+	if first {
+		klog.InfoS(msg, "volume", id, "image", img, "device", dev, "blockSize", st.BlockSize)
+		return
+	}
+	klog.V(2).InfoS(msg, "volume", id, "image", img, "device", dev, "blockSize", st.BlockSize)
 }
 
 func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path string, flags []string) error {

@@ -124,7 +124,7 @@ func (n *Node) restoreStage(ctx context.Context, v *store.Volume) (string, error
 	if n.stageIntact(v) {
 		return v.Stage.Device, nil
 	}
-	dev, err := n.ensureLoop(v)
+	dev, err := n.ensureLoop(v, v.Stage.Block)
 	if err != nil {
 		return "", err
 	}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -124,11 +125,11 @@ func TestRecoverDetachesOrphanLoops(t *testing.T) {
 	e := newEnv(t)
 	orphan, staged := e.volume("ext4"), e.volume("ext4")
 	stagedDev := e.stage(staged)
-	orphanDev, err := e.dev.AttachLoop(e.pool.ImagePath(orphan.ID))
+	orphanDev, err := e.dev.AttachLoop(e.pool.ImagePath(orphan.ID), device.LoopOptions{})
 	must(t, err)
 	foreign := filepath.Join(t.TempDir(), "someone-elses.img")
 	must(t, os.WriteFile(foreign, make([]byte, 1<<20), 0o600))
-	foreignDev, err := e.dev.AttachLoop(foreign)
+	foreignDev, err := e.dev.AttachLoop(foreign, device.LoopOptions{})
 	must(t, err)
 
 	e.restart()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
@@ -133,7 +134,7 @@ func TestDeleteVolumeIdempotent(t *testing.T) {
 	v := e.create("pvc-1", 64*MiB)
 	img := e.p.ImagePath(v.ID)
 	// A loop device a crash left on the image goes with it.
-	_, err := e.dev.AttachLoop(img)
+	_, err := e.dev.AttachLoop(img, device.LoopOptions{})
 	must(t, err)
 	must(t, e.p.DeleteVolume(ctx, v.ID))
 	gone(t, img)
@@ -163,7 +164,7 @@ func TestDeleteVolumeInUse(t *testing.T) {
 	wantErr(t, e.p.DeleteVolume(ctx, staged.ID), pool.ErrInUse, "delete of a staged volume")
 
 	// No record says so, but its filesystem is mounted: still in use.
-	dev, err := e.dev.AttachLoop(e.p.ImagePath(mounted.ID))
+	dev, err := e.dev.AttachLoop(e.p.ImagePath(mounted.ID), device.LoopOptions{})
 	must(t, err)
 	must(t, e.dev.Format(ctx, dev, "ext4"))
 	mnt := t.TempDir()
@@ -298,7 +299,7 @@ func TestRecoverInterruptedOperations(t *testing.T) {
 	_, err = e.p.Store().Update(growing.ID, func(v *store.Volume) error { v.SizeBytes = 96 * MiB; return nil })
 	must(t, err)
 	// A crash left a loop device on the image being deleted.
-	_, err = e.dev.AttachLoop(e.p.ImagePath(deleting.ID))
+	_, err = e.dev.AttachLoop(e.p.ImagePath(deleting.ID), device.LoopOptions{})
 	must(t, err)
 
 	must(t, e.reopen(""))
@@ -328,7 +329,7 @@ func TestRecoverInterruptedOperations(t *testing.T) {
 func TestSnapshotRestoreAndClone(t *testing.T) {
 	e := newEnv(t, 10*GiB)
 	src := e.create("src", 64*MiB)
-	dev, err := e.dev.AttachLoop(e.p.ImagePath(src.ID))
+	dev, err := e.dev.AttachLoop(e.p.ImagePath(src.ID), device.LoopOptions{})
 	must(t, err)
 	must(t, e.dev.Format(ctx, dev, "ext4"))
 	must(t, e.dev.DetachLoop(dev, e.p.ImagePath(src.ID)))
@@ -425,7 +426,7 @@ func TestUnknownImages(t *testing.T) {
 	makePool := func(t *testing.T, lose func(db string)) (*env, []string, []string) {
 		e := newEnv(t, 10*GiB)
 		xfs := e.create("xfs", 512*MiB)
-		dev, err := e.dev.AttachLoop(e.p.ImagePath(xfs.ID))
+		dev, err := e.dev.AttachLoop(e.p.ImagePath(xfs.ID), device.LoopOptions{})
 		must(t, err)
 		must(t, e.dev.Format(ctx, dev, "xfs"))
 		must(t, e.dev.DetachLoop(dev, e.p.ImagePath(xfs.ID)))
@@ -499,7 +500,7 @@ func TestUnknownImages(t *testing.T) {
 	})
 	t.Run("delete", func(t *testing.T) {
 		e, images, foreign := makePool(t, empty)
-		dev, err := e.dev.AttachLoop(images[1])
+		dev, err := e.dev.AttachLoop(images[1], device.LoopOptions{})
 		must(t, err)
 		must(t, e.reopen(pool.UnknownDelete))
 		for _, p := range images {
@@ -514,7 +515,7 @@ func TestUnknownImages(t *testing.T) {
 	})
 	t.Run("delete refuses a mounted image", func(t *testing.T) {
 		e, images, _ := makePool(t, missing)
-		dev, err := e.dev.AttachLoop(images[0])
+		dev, err := e.dev.AttachLoop(images[0], device.LoopOptions{})
 		must(t, err)
 		mnt := t.TempDir()
 		must(t, e.dev.Mount(ctx, dev, mnt, "xfs", nil))

@@ -20,9 +20,98 @@ import (
 // (real loop devices, mkfs and mounts: root) in internal/device's, so that
 // the fake is shown to be faithful wherever it is tested here. Everything it
 // makes lives under t.TempDir() and is undone when it ends.
-func Conformance(t *testing.T, m device.Interface) {
+//
+// refusingDir returns a directory on a filesystem that refuses direct I/O
+// (for the host: a ramfs mount, undone at the test's end).
+func Conformance(t *testing.T, m device.Interface, refusingDir func(t *testing.T) string) {
 	ctx := context.Background()
 	c := &conf{t: t, m: m}
+
+	t.Run("LoopDirectIOAndBlockSize", func(t *testing.T) {
+		c := c.sub(t)
+		img := c.image(32 << 20)
+		pool := device.PoolBlockSize(img)
+		for _, tc := range []struct {
+			opts device.LoopOptions
+			want device.LoopIO
+		}{
+			{device.LoopOptions{DirectIO: true}, device.LoopIO{DirectIO: true, BlockSize: pool}},
+			{device.LoopOptions{}, device.LoopIO{BlockSize: pool}},
+			{device.LoopOptions{BlockSize: 512}, device.LoopIO{BlockSize: 512}},
+			{device.LoopOptions{DirectIO: true, BlockSize: 4096}, device.LoopIO{DirectIO: true, BlockSize: 4096}},
+		} {
+			dev := c.attachWith(img, tc.opts)
+			if got, err := m.LoopStatus(dev); err != nil || got != tc.want {
+				t.Errorf("attached with %+v: LoopStatus %+v, %v; want %+v", tc.opts, got, err, tc.want)
+			}
+			if size, err := m.DeviceSize(dev); err != nil || size != 32<<20 {
+				t.Errorf("attached with %+v: DeviceSize %d, %v", tc.opts, size, err)
+			}
+			must(t, m.DetachLoop(dev, img))
+		}
+		if dev, err := m.AttachLoop(img, device.LoopOptions{BlockSize: 1000}); err == nil {
+			_ = m.DetachLoop(dev, img)
+			t.Fatal("attached with a logical block size of 1000")
+		}
+		if _, err := m.LoopStatus("/dev/loop99999"); err == nil {
+			t.Fatal("LoopStatus of a device that does not exist")
+		}
+	})
+
+	t.Run("DirectIORefusedAttachesBuffered", func(t *testing.T) {
+		c := c.sub(t)
+		img := filepath.Join(refusingDir(t), "img")
+		f, err := os.Create(img)
+		must(t, err)
+		must(t, f.Truncate(32<<20))
+		must(t, f.Close())
+		dev := c.attachWith(img, device.LoopOptions{DirectIO: true})
+		if got, err := m.LoopStatus(dev); err != nil || got.DirectIO {
+			t.Fatalf("on a filesystem that refuses direct I/O: LoopStatus %+v, %v; want buffered", got, err)
+		}
+		must(t, m.DetachLoop(dev, img))
+	})
+
+	// A filesystem made for smaller sectors than the pool's block size
+	// (xfs made by podvol before it chose block sizes: 512-byte sectors)
+	// still mounts: the device takes its sector size. One made now has
+	// the pool's.
+	t.Run("FilesystemKeepsItsSectorSize", func(t *testing.T) {
+		c := c.sub(t)
+		old := c.image(300 << 20)
+		pool := device.PoolBlockSize(old)
+		dev := c.attachWith(old, device.LoopOptions{BlockSize: 512})
+		must(t, m.Format(ctx, dev, "xfs"))
+		must(t, m.DetachLoop(dev, old))
+		dev = c.attachWith(old, device.LoopOptions{DirectIO: true})
+		if got, err := m.LoopStatus(dev); err != nil || got.BlockSize != 512 || !got.DirectIO {
+			t.Fatalf("xfs with 512-byte sectors attached as %+v, %v; want 512-byte blocks, direct I/O", got, err)
+		}
+		mnt := c.dir("old")
+		c.mount(dev, mnt, "xfs")
+		must(t, m.Unmount(mnt))
+		must(t, m.DetachLoop(dev, old))
+		if pool > 512 {
+			dev = c.attachWith(old, device.LoopOptions{BlockSize: pool})
+			if err := m.Mount(ctx, dev, mnt, "xfs", nil); err == nil {
+				_ = m.Unmount(mnt)
+				t.Fatalf("xfs with 512-byte sectors mounted on a device of %d-byte blocks", pool)
+			}
+			must(t, m.DetachLoop(dev, old))
+		}
+		for _, fs := range []string{"xfs", "ext4"} {
+			img := c.image(300 << 20)
+			must(t, m.Format(ctx, img, fs))
+			dev := c.attachWith(img, device.LoopOptions{DirectIO: true})
+			if got, err := m.LoopStatus(dev); err != nil || got.BlockSize != pool || !got.DirectIO {
+				t.Fatalf("new %s attached as %+v, %v; want the pool's %d-byte blocks, direct I/O", fs, got, err, pool)
+			}
+			mnt := c.dir("new-" + fs)
+			c.mount(dev, mnt, fs)
+			must(t, m.Unmount(mnt))
+			must(t, m.DetachLoop(dev, img))
+		}
+	})
 
 	t.Run("LoopAttachListDetach", func(t *testing.T) {
 		c := c.sub(t)
@@ -78,7 +167,7 @@ func Conformance(t *testing.T, m device.Interface) {
 		img := c.image(1 << 20)
 		link := filepath.Join(filepath.Dir(img), "link")
 		must(t, os.Symlink(img, link))
-		if dev, err := m.AttachLoop(link); err == nil {
+		if dev, err := m.AttachLoop(link, device.LoopOptions{}); err == nil {
 			_ = m.DetachLoop(dev, img)
 			t.Fatal("attached through a symlink")
 		}
@@ -433,7 +522,12 @@ func (c *conf) attach(img string) string { c.t.Helper(); return c.attachImage(im
 
 func (c *conf) attachImage(img string) string {
 	c.t.Helper()
-	dev, err := c.m.AttachLoop(img)
+	return c.attachWith(img, device.LoopOptions{DirectIO: true})
+}
+
+func (c *conf) attachWith(img string, opts device.LoopOptions) string {
+	c.t.Helper()
+	dev, err := c.m.AttachLoop(img, opts)
 	must(c.t, err)
 	c.t.Cleanup(func() {
 		for _, b := range []string{img, img + " (deleted)"} {

@@ -13,7 +13,12 @@
 //     and is listed with " (deleted)"). A new device takes the lowest free
 //     number, so a detached number is reused at once, by whoever asks next.
 //     A device's size is its file's size when attached, until
-//     LoopSetCapacity. DetachLoop of a device whose filesystem is still
+//     LoopSetCapacity. A device does direct I/O if asked, unless the image's
+//     directory was marked with RefuseDirectIO or the real filesystem
+//     under it refuses an O_DIRECT open (ramfs); its logical block size is
+//     what it was asked for, or chosen as device.ChooseBlockSize does, from
+//     the real pool filesystem and the fake filesystem's sector size.
+//     DetachLoop of a device whose filesystem is still
 //     alive (mounted, or frozen) marks it to detach when the last user goes
 //     and fails, as the real one does after its wait.
 //   - Filesystems: mkfs writes a small signature (type, UUID, size, root
@@ -21,6 +26,10 @@
 //     that it is data: a new image probes blank, a copy or a restore carries
 //     it, blkid on an image file finds it, and growth is visible to the next
 //     mount. WriteSignature plants a foreign one (swap, a partition table).
+//     A signature records the sector size mkfs chose (ext4: its 4 KiB
+//     block; xfs: the device's logical block size, or the pool's for an
+//     image file), and a mount on a device with larger logical blocks
+//     fails, as xfs and ext4 refuse it.
 //   - Mounts: a table in mount order. Mounts at one path stack (the last one
 //     is what MountedAt sees, Unmount removes them all); a bind mount of a
 //     directory shares the superblock of the mount it lies in (or is the
@@ -87,6 +96,7 @@ const (
 	LoopDevices      Op = "LoopDevices"
 	LoopsFor         Op = "LoopsFor"
 	LoopSetCapacity  Op = "LoopSetCapacity"
+	LoopStatus       Op = "LoopStatus"
 	LoopServes       Op = "LoopServes"
 	DeviceSize       Op = "DeviceSize"
 	DeviceNodeOf     Op = "DeviceNodeOf"
@@ -135,6 +145,7 @@ type Fake struct {
 	copies     []Copy
 	reflink    bool
 	noOnlineFs bool
+	noDirect   map[string]bool // directories whose filesystem refuses O_DIRECT
 }
 
 var _ device.Interface = (*Fake)(nil)
@@ -143,12 +154,13 @@ var _ device.Interface = (*Fake)(nil)
 // filesystem has no reflink and which may grow a mounted ext4.
 func New() *Fake {
 	return &Fake{
-		loops:   map[int]*loop{},
-		created: map[int]bool{},
-		sbs:     map[int]*superblock{},
-		handles: map[int]*handle{},
-		inject:  map[Op]func(string) error{},
-		calls:   map[Op]int{},
+		loops:    map[int]*loop{},
+		created:  map[int]bool{},
+		sbs:      map[int]*superblock{},
+		handles:  map[int]*handle{},
+		inject:   map[Op]func(string) error{},
+		calls:    map[Op]int{},
+		noDirect: map[string]bool{},
 	}
 }
 
@@ -157,6 +169,7 @@ type loop struct {
 	backing string
 	file    *os.File
 	size    int64
+	io      device.LoopIO
 	// autoclear: detach when the filesystem on it goes (LOOP_CLR_FD on a
 	// device in use).
 	autoclear bool
@@ -225,6 +238,15 @@ func (f *Fake) SetReflink(on bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reflink = on
+}
+
+// RefuseDirectIO makes dir's filesystem refuse direct I/O, as ramfs or a
+// FUSE filesystem does: loop devices over images in it attach buffered.
+func (f *Fake) RefuseDirectIO(dir string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	abs, _ := filepath.Abs(dir)
+	f.noDirect[abs] = true
 }
 
 // SetOnlineExt4Growth(false) plays a host that withholds CAP_SYS_RESOURCE:
@@ -381,6 +403,17 @@ type Signature struct {
 	Size   int64  `json:"size,omitempty"` // the filesystem's size
 	Group  int    `json:"group"`          // the root directory's group
 	Setgid bool   `json:"setgid,omitempty"`
+	// Sector is the filesystem's sector size (ext4: block size); a device
+	// whose logical block size is larger cannot mount it. 0: 512, as
+	// signatures written before sector sizes were modelled.
+	Sector int `json:"sector,omitempty"`
+}
+
+func (s *Signature) sector() int {
+	if s.Sector == 0 {
+		return device.LegacyBlockSize
+	}
+	return s.Sector
 }
 
 // ReadSignature returns the signature at the start of an image file or
@@ -545,7 +578,7 @@ func (f *Fake) sig(l *loop) (*Signature, error) { return readSig(l.file) }
 
 // ---- Loops ----
 
-func (f *Fake) AttachLoop(image string) (string, error) {
+func (f *Fake) AttachLoop(image string, opts device.LoopOptions) (string, error) {
 	if err := f.enter(AttachLoop, image); err != nil {
 		return "", err
 	}
@@ -560,14 +593,50 @@ func (f *Fake) AttachLoop(image string) (string, error) {
 		file.Close()
 		return "", err
 	}
+	bs := opts.BlockSize
+	if bs == 0 {
+		bs = device.PoolBlockSize(image)
+		if sig, err := readSig(file); err == nil && sig != nil && (sig.Type == "ext4" || sig.Type == "xfs") && sig.sector() < bs {
+			bs = sig.sector()
+		}
+	}
+	if bs < 512 || bs > 4096 || bs&(bs-1) != 0 {
+		file.Close()
+		return "", fmt.Errorf("attach %s: logical block size %d: want 512, 1024, 2048 or 4096", image, bs)
+	}
+	abs, _ := filepath.Abs(image)
+	dio := opts.DirectIO && !f.noDirect[filepath.Dir(abs)] && canODirect(image)
 	n := 0
 	for f.loops[n] != nil {
 		n++
 	}
-	abs, _ := filepath.Abs(image)
-	f.loops[n] = &loop{n: n, backing: abs, file: file, size: fi.Size() &^ 511}
+	f.loops[n] = &loop{n: n, backing: abs, file: file, size: fi.Size() &^ 511, io: device.LoopIO{DirectIO: dio, BlockSize: bs}}
 	f.created[n] = true
 	return devName(n), nil
+}
+
+// canODirect asks the real filesystem under image whether it takes direct
+// I/O, as the kernel's loop driver does (ramfs does not).
+func canODirect(image string) bool {
+	fd, err := unix.Open(image, unix.O_RDONLY|unix.O_DIRECT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	unix.Close(fd)
+	return true
+}
+
+func (f *Fake) LoopStatus(dev string) (device.LoopIO, error) {
+	if err := f.enter(LoopStatus, dev); err != nil {
+		return device.LoopIO{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := f.attached(dev)
+	if l == nil {
+		return device.LoopIO{}, fmt.Errorf("%s is not an attached loop device: %w", dev, unix.ENOENT)
+	}
+	return l.io, nil
 }
 
 func (f *Fake) DetachLoop(dev, backing string) error {
@@ -794,6 +863,9 @@ func (f *Fake) Mount(ctx context.Context, source, target, fsType string, options
 			}
 			if sig.Size > l.size {
 				return fail("bad geometry: the filesystem is %d bytes, the device %d", sig.Size, l.size)
+			}
+			if sig.sector() < l.io.BlockSize {
+				return fail("device supports %d byte sectors (not %d): %w", l.io.BlockSize, sig.sector(), unix.ENOSYS)
 			}
 			if fsType == "xfs" && !slices.Contains(opts, "nouuid") {
 				for _, other := range f.sbs {
@@ -1139,7 +1211,7 @@ func (f *Fake) Format(ctx context.Context, dev, fsType string) error {
 		if fsType == "xfs" && fi.Size() < 300<<20 {
 			return fmt.Errorf("mkfs.xfs %s: Filesystem must be larger than 300MB", dev)
 		}
-		return writeSig(file, &Signature{Type: fsType, UUID: newUUID(), Size: fi.Size() &^ 511})
+		return writeSig(file, &Signature{Type: fsType, UUID: newUUID(), Size: fi.Size() &^ 511, Sector: sectorFor(fsType, device.PoolBlockSize(dev))})
 	}
 	l, err := f.tool("mkfs."+fsType, dev)
 	if err != nil {
@@ -1148,7 +1220,16 @@ func (f *Fake) Format(ctx context.Context, dev, fsType string) error {
 	if fsType == "xfs" && l.size < 300<<20 {
 		return fmt.Errorf("mkfs.xfs %s: Filesystem must be larger than 300MB", dev)
 	}
-	return writeSig(l.file, &Signature{Type: fsType, UUID: newUUID(), Size: l.size})
+	return writeSig(l.file, &Signature{Type: fsType, UUID: newUUID(), Size: l.size, Sector: sectorFor(fsType, l.io.BlockSize)})
+}
+
+// sectorFor is the sector size device.Format gives a filesystem made on a
+// device (or for a pool) of logical block size bs.
+func sectorFor(fsType string, bs int) int {
+	if fsType == "ext4" {
+		return 4096
+	}
+	return bs
 }
 
 func (f *Fake) FsckIfNeeded(ctx context.Context, dev, fsType string) error {

@@ -9,10 +9,17 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/podvol/podvol/internal/device"
 )
 
 func TestFakeConformance(t *testing.T) {
-	Conformance(t, New())
+	f := New()
+	Conformance(t, f, func(t *testing.T) string {
+		dir := t.TempDir()
+		f.RefuseDirectIO(dir)
+		return dir
+	})
 }
 
 // The controls below have no kernel counterpart, so Conformance does not
@@ -24,7 +31,7 @@ func setup(t *testing.T, f *Fake, fsType string) (img, dev, mnt string) {
 	img = filepath.Join(dir, "img")
 	must(t, os.WriteFile(img, nil, 0o600))
 	must(t, os.Truncate(img, 300<<20))
-	dev, err := f.AttachLoop(img)
+	dev, err := f.AttachLoop(img, device.LoopOptions{})
 	must(t, err)
 	must(t, f.Format(context.Background(), dev, fsType))
 	mnt = filepath.Join(dir, "mnt")
@@ -39,10 +46,10 @@ func TestInjectAndCalls(t *testing.T) {
 	f.FailNext(AttachLoop, boom)
 	img := filepath.Join(t.TempDir(), "img")
 	must(t, os.WriteFile(img, make([]byte, 4096), 0o600))
-	if _, err := f.AttachLoop(img); !errors.Is(err, boom) {
+	if _, err := f.AttachLoop(img, device.LoopOptions{}); !errors.Is(err, boom) {
 		t.Fatalf("first attach: %v, want the injected error", err)
 	}
-	dev, err := f.AttachLoop(img)
+	dev, err := f.AttachLoop(img, device.LoopOptions{})
 	if err != nil {
 		t.Fatalf("FailNext failed more than once: %v", err)
 	}
