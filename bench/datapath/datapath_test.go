@@ -31,6 +31,7 @@ var (
 	flagRamp        = flag.Duration("ramp", DefaultConfig.Ramp, "unmeasured time before each fio throughput job")
 	flagEtcdSize    = flag.String("etcd-size", DefaultConfig.EtcdSize, "what etcd's disk check writes")
 	flagEtcdRuntime = flag.Duration("etcd-runtime", DefaultConfig.EtcdRuntime, "cap on etcd's disk check")
+	flagRounds      = flag.Int("rounds", DefaultConfig.Rounds, "rounds of every fio job on every target; the report takes each one's median round")
 	flagFS          = flag.String("fs", "xfs,ext4,block", "volumes of the host layer: xfs, ext4, block")
 	flagPodFS       = flag.String("pod-fs", "xfs", "filesystem of the pod layer's podvol volumes: xfs or ext4")
 	flagLock        = flag.String("cluster-lock", "/tmp/podvol-devcluster.lock", "the dev cluster's lock file (the Makefile passes CONFORMANCE_LOCK)")
@@ -57,7 +58,7 @@ func config(b *testing.B) Config {
 	if c.WriteSize, err = ParseSize(*flagWriteSize); err != nil {
 		b.Fatal(err)
 	}
-	c.Runtime, c.Ramp, c.EtcdSize, c.EtcdRuntime = *flagRuntime, *flagRamp, *flagEtcdSize, *flagEtcdRuntime
+	c.Runtime, c.Ramp, c.EtcdSize, c.EtcdRuntime, c.Rounds = *flagRuntime, *flagRamp, *flagEtcdSize, *flagEtcdRuntime, *flagRounds
 	if err := c.Validate(); err != nil {
 		b.Fatal(err)
 	}
@@ -197,38 +198,66 @@ func runHost(b *testing.B, c Config) *Report {
 		}
 	}
 	b.Logf("the jobs' files are written (%s)", time.Since(r.Date).Round(time.Second))
-	for _, j := range Jobs {
-		for _, t := range targets {
-			key := t.name + "/" + j.Key
-			if j.Kind == Residency && t.image == "" {
+	record := func(t target, j Job, res Result) {
+		if t.name == "pool" {
+			r.Pool[j.Key] = res
+		} else {
+			r.Volumes[VolKey(t.fs, t.variant, j.Key)] = res
+		}
+	}
+	// Each round runs every fio job on every target, starting each round
+	// at another target: a trend in the machine's load then weighs on no
+	// target more than on the others.
+	samples := map[string][]Result{}
+	for round := range c.Rounds {
+		for _, j := range Jobs {
+			if j.Kind == Residency {
 				continue
 			}
-			if err := DropCaches(); err != nil {
-				b.Fatal(err)
-			}
-			var res Result
-			var err error
-			switch j.Kind {
-			case Residency:
-				res, err = residency(ctx, c, t)
-			default:
+			for _, i := range Order(len(targets), round) {
+				t := targets[i]
+				key := t.name + "/" + j.Key
+				if err := DropCaches(); err != nil {
+					b.Fatal(err)
+				}
 				file := t.file
 				if j.Kind == Fsync {
 					file = t.etcd
 				}
-				res, err = runFio(j, file, filepath.Join(outDir, strings.ReplaceAll(key, "/", "-")+".json"))
+				res, err := runFio(j, file, filepath.Join(outDir, fmt.Sprintf("%s-%d.json", strings.ReplaceAll(key, "/", "-"), round)))
+				if err != nil {
+					fail(fmt.Sprintf("%s (round %d)", key, round+1), err)
+					continue
+				}
+				samples[key] = append(samples[key], res)
+				b.Logf("round %d, %s: %s", round+1, key, Figure(j, res))
 			}
-			if err != nil {
-				fail(key, err)
-				continue
-			}
-			if t.name == "pool" {
-				r.Pool[j.Key] = res
-			} else {
-				r.Volumes[VolKey(t.fs, t.variant, j.Key)] = res
-			}
-			b.Logf("%s: %s", key, Figure(j, res))
 		}
+	}
+	for _, j := range Jobs {
+		for _, t := range targets {
+			if rs := samples[t.name+"/"+j.Key]; len(rs) > 0 {
+				record(t, j, Median(j.Kind, rs))
+			}
+		}
+	}
+	// The residency last: it removes the fio jobs' files.
+	j, _ := JobByKey("residency")
+	for _, t := range targets {
+		if t.image == "" {
+			continue
+		}
+		key := t.name + "/" + j.Key
+		if err := DropCaches(); err != nil {
+			b.Fatal(err)
+		}
+		res, err := residency(ctx, c, t)
+		if err != nil {
+			fail(key, err)
+			continue
+		}
+		record(t, j, res)
+		b.Logf("%s: %s", key, Figure(j, res))
 	}
 	b.StopTimer()
 	r.Took, r.LoadEnd = time.Since(r.Date), plot.LoadAvg()

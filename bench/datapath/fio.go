@@ -9,9 +9,11 @@
 package datapath
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -76,10 +78,13 @@ type Config struct {
 	// WriteSize is the buffered write whose residency in the host page
 	// cache is measured.
 	WriteSize int64
+	// Rounds is how many times each fio job runs on each target; a
+	// report's figure is the median round's.
+	Rounds int
 }
 
 // DefaultConfig is a full run in about ten minutes on 2 cores.
-var DefaultConfig = Config{Size: 1 << 30, Runtime: 10 * time.Second, Ramp: 2 * time.Second, EtcdSize: "22m", EtcdRuntime: 20 * time.Second, WriteSize: 1 << 30}
+var DefaultConfig = Config{Size: 1 << 30, Runtime: 10 * time.Second, Ramp: 2 * time.Second, EtcdSize: "22m", EtcdRuntime: 20 * time.Second, WriteSize: 1 << 30, Rounds: 1}
 
 // Validate refuses sizes and times that cannot make a measurement.
 func (c Config) Validate() error {
@@ -95,6 +100,9 @@ func (c Config) Validate() error {
 	}
 	if c.Ramp < 0 {
 		errs = append(errs, fmt.Errorf("the ramp %v must not be negative", c.Ramp))
+	}
+	if c.Rounds < 1 {
+		errs = append(errs, fmt.Errorf("rounds %d: at least 1", c.Rounds))
 	}
 	if c.EtcdSize == "" {
 		errs = append(errs, errors.New("the etcd check needs a size (22m)"))
@@ -131,6 +139,28 @@ func Args(c Config, j Job, filename, output string) ([]string, error) {
 			"--output-format=json", "--output=" + output}, nil
 	}
 	return nil, fmt.Errorf("job %s is not an fio job", j.Key)
+}
+
+// Order is the order of n targets in round: each round starts one target
+// further on.
+func Order(n, round int) []int {
+	o := make([]int, n)
+	for i := range o {
+		o[i] = (round + i) % n
+	}
+	return o
+}
+
+// Median is the median round of rs by the figure a job of kind k is
+// judged by; of an even count, the lower of the two middle ones.
+func Median(k Kind, rs []Result) Result {
+	s := slices.Clone(rs)
+	slices.SortStableFunc(s, func(a, b Result) int {
+		va, _ := a.Value(k)
+		vb, _ := b.Value(k)
+		return cmp.Compare(va, vb)
+	})
+	return s[(len(s)-1)/2]
 }
 
 // Result is what one job measured on one target.

@@ -132,11 +132,36 @@ func TestConfigValidate(t *testing.T) {
 		"runtime under 1s": func(c *Config) { c.Runtime = time.Millisecond },
 		"negative ramp":    func(c *Config) { c.Ramp = -time.Second },
 		"no etcd size":     func(c *Config) { c.EtcdSize = "" },
+		"no rounds":        func(c *Config) { c.Rounds = 0 },
 	} {
 		c := DefaultConfig
 		mod(&c)
 		if c.Validate() == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+func TestRoundsRotateAndTakeTheMedian(t *testing.T) {
+	if got := Order(3, 0); !slices.Equal(got, []int{0, 1, 2}) {
+		t.Errorf("round 1: %v", got)
+	}
+	if got := Order(3, 4); !slices.Equal(got, []int{1, 2, 0}) {
+		t.Errorf("round 5: %v", got)
+	}
+	rs := []Result{{IOPS: 300}, {IOPS: 100}, {IOPS: 200}}
+	if got := Median(Throughput, rs); got.IOPS != 200 {
+		t.Errorf("median of 300, 100, 200: %v", got.IOPS)
+	}
+	if rs[0].IOPS != 300 {
+		t.Error("Median reordered its argument")
+	}
+	if got := Median(Throughput, rs[:2]); got.IOPS != 100 {
+		t.Errorf("median of two: %v, want the lower", got.IOPS)
+	}
+	// fdatasync goes by its p99, not by IOPS.
+	fs := []Result{{SyncP99Ns: 9, Syncs: 1, IOPS: 1}, {SyncP99Ns: 1, Syncs: 1, IOPS: 3}, {SyncP99Ns: 5, Syncs: 1, IOPS: 2}}
+	if got := Median(Fsync, fs); got.SyncP99Ns != 5 {
+		t.Errorf("fdatasync median: %+v", got)
 	}
 }

@@ -62,17 +62,30 @@ func DropCaches() error {
 	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o200)
 }
 
-// LoopOf finds the loop device whose backing file is path, and what sysfs
-// says of its direct I/O and logical block size.
+// LoopOf finds the loop device whose backing file is the file at path, and
+// what sysfs says of its direct I/O and logical block size. It matches the
+// file's device and inode (LOOP_GET_STATUS64), not its name: a loop device
+// that a dev cluster node's plugin attached names the image as the node's
+// mount namespace sees it.
 func LoopOf(path string) (Loop, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return Loop{}, fmt.Errorf("stat %s: %w", path, err)
+	}
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, bf := range files {
-		b, err := os.ReadFile(bf)
-		if err != nil || strings.TrimSpace(string(b)) != path {
+		sys := filepath.Dir(filepath.Dir(bf))
+		dev := "/dev/" + filepath.Base(sys)
+		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
 			continue
 		}
-		sys := filepath.Dir(filepath.Dir(bf))
-		l := Loop{Device: "/dev/" + filepath.Base(sys)}
+		info, err := unix.IoctlLoopGetStatus64(fd)
+		_ = unix.Close(fd) // opened read-only for the ioctl
+		if err != nil || info.Inode != st.Ino || info.Device != st.Dev {
+			continue
+		}
+		l := Loop{Device: dev}
 		dio, err := os.ReadFile(filepath.Join(sys, "loop", "dio"))
 		if err != nil {
 			return l, err

@@ -369,9 +369,11 @@ func RunPods(ctx context.Context, o PodOptions) (*PodReport, error) {
 				return nil, fmt.Errorf("cell %s: %d new images in %s (%v), want 1: is something else using node %s?", cell.Name, len(n), volumes, n, node.Name)
 			}
 			images[cell.Name] = n[0]
-			if l, err := LoopOf(n[0]); err == nil {
-				r.Loops[cell.Name] = l
+			l, err := LoopOf(n[0])
+			if err != nil {
+				return nil, fmt.Errorf("cell %s: %w", cell.Name, err)
 			}
+			r.Loops[cell.Name] = l
 		}
 		out, err := cl.Exec(ctx, podNamespace, pod, PodPrepScript(o.Config))
 		if err != nil {

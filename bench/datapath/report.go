@@ -240,6 +240,10 @@ func (r *Report) Markdown() string {
 	p("  - first %s is written whole (`--rw=write --bs=1M --direct=1`), so that reads read data, not the holes of a sparse image;", mib(c.Size))
 	p("  - 4k random read and write, 1M sequential read and write: `--direct=1 --ioengine=libaio --iodepth=16`, file of %s,", mib(c.Size))
 	p("    `--time_based --runtime=%s --ramp_time=%s`;", secs(c.Runtime), secs(c.Ramp))
+	if c.Rounds > 1 {
+		p("  - every fio job runs %d rounds on every target, each round starting at another target; each figure below is", c.Rounds)
+		p("    the median round's (of an even count, the lower middle one);")
+	}
 	p("  - etcd's disk check: `--rw=write --ioengine=sync --fdatasync=1 --bs=2300 --size=%s`, capped at `--runtime=%s`; the", c.EtcdSize, secs(c.EtcdRuntime))
 	p("    figure is the p99 of fdatasync's latency from fio's JSON (lower is better);")
 	p("  - residency: the fio files are removed, then %s is written buffered into the volume (`dd bs=1M conv=fsync`; on the", mib(c.WriteSize))
@@ -341,12 +345,16 @@ func (r *Report) Markdown() string {
 	p("  more (IOPS, MiB/s), except for fdatasync's p99, where below 1 is better. Residency is the image's cached bytes")
 	p("  over the bytes written: the second copy of the data that a buffered loop device leaves in the host's page cache,")
 	p("  charged to no pod.")
-	p("- Each job ran once per target. On this shared 2-core machine the 4k jobs move by ±30%% between runs; the order")
-	p("  (each job on every target in turn) keeps the comparison within a job fair, not the absolute figures.")
-	p("- A buffered loop device (`dio` 0) turns the volume's O_DIRECT I/O into page-cache I/O on the image: writes can")
-	p("  look faster than the disk (they land in memory) and reads slower (no readahead suits random 4k reads), and every")
-	p("  block is cached twice. With direct I/O the loop device sends the volume's I/O to the pool's filesystem as")
-	p("  O_DIRECT on the image, so the volume sees the disk's behaviour and the host caches nothing of the image.")
+	p("- Each fio job ran %d time(s) per target. On this shared 2-core machine the 4k jobs move by ±30%% between runs; the", c.Rounds)
+	p("  order (each job on every target in turn) keeps the comparison within a job fair, not the absolute figures:")
+	p("  `DATAPATH_FLAGS='-rounds 3'` takes the median of three.")
+	p("- A buffered loop device (sysfs `dio` 0) does the volume's I/O on its image through the host's page cache,")
+	p("  synchronously, one request after the other in its worker: 16 random reads in flight become one at a time (far")
+	p("  below the disk), O_DIRECT writes from the pod land in the page cache and return (faster than the disk, until")
+	p("  writeback catches up), sequential reads ride the image's readahead, and every block the pod writes is cached")
+	p("  twice, the second copy charged to no pod. With direct I/O the loop device submits the volume's requests to the")
+	p("  image as asynchronous O_DIRECT I/O: the queue depth reaches the pool's disk and the host caches nothing of the")
+	p("  image.")
 	return w.String()
 }
 
@@ -506,6 +514,9 @@ func Load(dir string) (*Report, *PodReport, error) {
 		if err := json.Unmarshal(b, v); err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", name, err)
 		}
+	}
+	if host != nil && host.Config.Rounds == 0 {
+		host.Config.Rounds = 1 // figures stored before -rounds
 	}
 	return host, pods, nil
 }
