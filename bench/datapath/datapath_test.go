@@ -83,14 +83,14 @@ func BenchmarkDatapath(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		pods, err = RunPods(ctx, PodOptions{Config: c, FS: *flagPodFS, HostPath: hp, Lock: *flagLock, Logf: b.Logf})
+		pods, err = RunPods(ctx, PodOptions{Config: c, FS: *flagPodFS, HostPath: hp, Lock: *flagLock, Logf: logf})
 		if err != nil {
 			b.Fatal(err)
 		}
 		pods.Commit = commit()
 	}
 	if host == nil && pods == nil {
-		b.Logf("-host=false and no -pods: README.md and the plot rewritten from the figures in %s", *flagOut)
+		logf("-host=false and no -pods: README.md and the plot rewritten from the figures in %s", *flagOut)
 	}
 	if err := Write(*flagOut, host, pods); err != nil {
 		b.Fatal(err)
@@ -100,6 +100,14 @@ func BenchmarkDatapath(b *testing.B) {
 		b.Fatal(err)
 	}
 	fmt.Print("\n" + Render(h, p))
+}
+
+var started = time.Now()
+
+// logf prints progress as it happens (a benchmark's own log is printed
+// only at its end, and cut short).
+func logf(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "[%s] %s\n", time.Since(started).Round(time.Second), fmt.Sprintf(format, a...))
 }
 
 // target is where a job runs: the pool's own filesystem or a volume.
@@ -154,7 +162,7 @@ func runHost(b *testing.B, c Config) *Report {
 		mkdir(b, vdir, "staging")
 		mkdir(b, vdir, "pods")
 		p := plugintest.Start(b, plugintest.Options{Dir: vdir, PoolDir: filepath.Join(mnt, v.Name), Args: v.Args})
-		b.Logf("variant %s: podvol-plugin %s", v.Name, strings.Join(v.Args, " "))
+		logf("variant %s: podvol-plugin %s", v.Name, strings.Join(v.Args, " "))
 		for _, fs := range filesystems {
 			t := publish(ctx, b, p, vdir, fs, volSize)
 			t.variant, t.name = v.Name, fs+"/"+v.Name
@@ -163,7 +171,7 @@ func runHost(b *testing.B, c Config) *Report {
 				b.Fatalf("%s: %v", t.name, err)
 			}
 			v.Loops[fs] = l
-			b.Logf("%s: %s, direct I/O %v, %d-byte sectors", t.name, l.Device, l.DirectIO, l.LogicalBlock)
+			logf("%s: %s, direct I/O %v, %d-byte sectors", t.name, l.Device, l.DirectIO, l.LogicalBlock)
 			targets = append(targets, t)
 		}
 	}
@@ -184,7 +192,7 @@ func runHost(b *testing.B, c Config) *Report {
 		return Parse(j, o)
 	}
 	fail := func(key string, err error) {
-		b.Logf("%s: %v", key, err)
+		logf("%s: %v", key, err)
 		r.Errors[key] = err.Error()
 	}
 	b.ResetTimer()
@@ -197,7 +205,7 @@ func runHost(b *testing.B, c Config) *Report {
 			b.Fatalf("%s: writing the jobs' file: %v: %s", t.name, err, o)
 		}
 	}
-	b.Logf("the jobs' files are written (%s)", time.Since(r.Date).Round(time.Second))
+	logf("the jobs' files are written (%s)", time.Since(r.Date).Round(time.Second))
 	record := func(t target, j Job, res Result) {
 		if t.name == "pool" {
 			r.Pool[j.Key] = res
@@ -230,7 +238,7 @@ func runHost(b *testing.B, c Config) *Report {
 					continue
 				}
 				samples[key] = append(samples[key], res)
-				b.Logf("round %d, %s: %s", round+1, key, Figure(j, res))
+				logf("round %d, %s: %s", round+1, key, Figure(j, res))
 			}
 		}
 	}
@@ -238,6 +246,7 @@ func runHost(b *testing.B, c Config) *Report {
 		for _, t := range targets {
 			if rs := samples[t.name+"/"+j.Key]; len(rs) > 0 {
 				record(t, j, Median(j.Kind, rs))
+				r.Samples[t.name+"/"+j.Key] = rs
 			}
 		}
 	}
@@ -257,14 +266,14 @@ func runHost(b *testing.B, c Config) *Report {
 			continue
 		}
 		record(t, j, res)
-		b.Logf("%s: %s", key, Figure(j, res))
+		logf("%s: %s", key, Figure(j, res))
 	}
 	b.StopTimer()
 	r.Took, r.LoadEnd = time.Since(r.Date), plot.LoadAvg()
 	for _, v := range variants {
 		met, measured, all := r.Met(v.Name)
 		b.ReportMetric(float64(met), v.Name+"-targets-met")
-		b.Logf("%s: %d of %d targets met (%d measured)", v.Name, met, all, measured)
+		logf("%s: %d of %d targets met (%d measured)", v.Name, met, all, measured)
 	}
 	return r
 }

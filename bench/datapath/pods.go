@@ -222,7 +222,8 @@ func (r *PodReport) Markdown() string {
 	p("`DATAPATH_FLAGS=-pods make bench-datapath` (holds the dev cluster's lock; brings the cluster up if it is not running):")
 	p("one pod per cell on node %s, each idle with its volume at `/data`, in image `%s` (the host's fio and every", r.Node, FioImage)
 	p("library `ldd` names, built and imported by `devcluster.ImportToolImage`: no registry). The same jobs as above run in")
-	p("each pod through `kubectl exec`, each job on every cell in turn, the host's page cache dropped before each; podvol")
+	p("each pod through `kubectl exec`, each job on every cell in turn (%d round(s), the median round's figure), the host's", c.Rounds)
+	p("page cache dropped before each; podvol")
 	p("volumes are %s, %s; residency is the podvol image's pages in the node's (the host's) page cache.", r.FS, gib(VolumeSize(c)))
 	p("Commit %s, kernel %s, Kubernetes %s; load average %s at the start, %s at the end; the run took %s.",
 		r.Commit, r.Kernel, r.Kubernetes, r.LoadStart, r.LoadEnd, r.Took.Round(time.Second))
@@ -381,47 +382,66 @@ func RunPods(ctx context.Context, o PodOptions) (*PodReport, error) {
 		}
 		logf("cell %s ready on %s", cell.Name, node.Name)
 	}
-	for _, j := range Jobs {
-		for _, cell := range PodCells {
-			key := PodKey(cell.Name, j.Key)
-			pod := strings.ToLower(cell.Name)
-			if err := DropCaches(); err != nil {
-				return nil, err
-			}
+	// As on the host: each round starts at another cell, and a figure is
+	// the median round's.
+	samples := map[string][]Result{}
+	for round := range o.Config.Rounds {
+		for _, j := range Jobs {
 			if j.Kind == Residency {
-				if !cell.Podvol {
-					continue
-				}
-				if out, err := cl.Exec(ctx, podNamespace, pod, PodWriteScript(o.Config)); err != nil {
-					r.Errors[key] = fmt.Sprintf("%v: %s", err, out)
-					continue
-				}
-				res, err := Resident(images[cell.Name])
-				if err != nil {
-					r.Errors[key] = err.Error()
-					continue
-				}
-				r.Results[key] = Result{Resident: res, Written: o.Config.WriteSize}
-				logf("%s: residency %s of %s", key, mib(res), mib(o.Config.WriteSize))
 				continue
 			}
 			script, err := PodJobScript(o.Config, j)
 			if err != nil {
 				return nil, err
 			}
-			out, err := cl.Exec(ctx, podNamespace, pod, script)
-			if err != nil {
-				r.Errors[key] = fmt.Sprintf("%v: %s", err, lastLine(out))
-				continue
+			for _, i := range Order(len(PodCells), round) {
+				cell := PodCells[i]
+				key := PodKey(cell.Name, j.Key)
+				if err := DropCaches(); err != nil {
+					return nil, err
+				}
+				out, err := cl.Exec(ctx, podNamespace, strings.ToLower(cell.Name), script)
+				if err == nil {
+					var res Result
+					if res, err = Parse(j, []byte(out)); err == nil {
+						samples[key] = append(samples[key], res)
+						logf("round %d, %s: %s", round+1, key, Figure(j, res))
+						continue
+					}
+				} else {
+					err = fmt.Errorf("%w: %s", err, lastLine(out))
+				}
+				r.Errors[fmt.Sprintf("%s (round %d)", key, round+1)] = err.Error()
 			}
-			res, err := Parse(j, []byte(out))
-			if err != nil {
-				r.Errors[key] = err.Error()
-				continue
-			}
-			r.Results[key] = res
-			logf("%s: %s", key, Figure(j, res))
 		}
+	}
+	for _, j := range Jobs {
+		for _, cell := range PodCells {
+			if rs := samples[PodKey(cell.Name, j.Key)]; len(rs) > 0 {
+				r.Results[PodKey(cell.Name, j.Key)] = Median(j.Kind, rs)
+			}
+		}
+	}
+	// The residency last: it removes the fio jobs' files.
+	for _, cell := range PodCells {
+		if !cell.Podvol {
+			continue
+		}
+		key := PodKey(cell.Name, "residency")
+		if err := DropCaches(); err != nil {
+			return nil, err
+		}
+		if out, err := cl.Exec(ctx, podNamespace, strings.ToLower(cell.Name), PodWriteScript(o.Config)); err != nil {
+			r.Errors[key] = fmt.Sprintf("%v: %s", err, lastLine(out))
+			continue
+		}
+		res, err := Resident(images[cell.Name])
+		if err != nil {
+			r.Errors[key] = err.Error()
+			continue
+		}
+		r.Results[key] = Result{Resident: res, Written: o.Config.WriteSize}
+		logf("%s: residency %s of %s", key, mib(res), mib(o.Config.WriteSize))
 	}
 	r.Took, r.LoadEnd = time.Since(r.Date), plot.LoadAvg()
 	return r, nil

@@ -108,6 +108,9 @@ type Report struct {
 	Filesystems          []string
 	Pool                 map[string]Result // by job key
 	Volumes              map[string]Result // by VolKey
+	// Samples are every round's figures, by "pool/job" or "fs/variant/job"
+	// (the tables show the median round's and the range).
+	Samples map[string][]Result `json:",omitempty"`
 	// Errors are jobs that failed, by "fs/variant/job" or "pool/job": the
 	// run goes on and the report shows them.
 	Errors map[string]string
@@ -115,7 +118,7 @@ type Report struct {
 
 // NewReport returns an empty report for these variants and filesystems.
 func NewReport(c Config, variants []Variant, filesystems []string) *Report {
-	return &Report{Config: c, Variants: variants, Filesystems: filesystems, Pool: map[string]Result{}, Volumes: map[string]Result{}, Errors: map[string]string{}}
+	return &Report{Config: c, Variants: variants, Filesystems: filesystems, Pool: map[string]Result{}, Volumes: map[string]Result{}, Samples: map[string][]Result{}, Errors: map[string]string{}}
 }
 
 // Verdict is the verdict of variant's volume of filesystem fs on job j.
@@ -175,6 +178,34 @@ func Figure(j Job, r Result) string {
 		return "—"
 	}
 	return fmt.Sprintf("%s of %s", mib(r.Resident), mib(r.Written))
+}
+
+// Range is " (lowest–highest)" of a job's rounds, in the figure's own
+// unit, when there was more than one.
+func Range(j Job, rs []Result) string {
+	if len(rs) < 2 || j.Kind == Residency {
+		return ""
+	}
+	lo, hi := rs[0], rs[0]
+	for _, x := range rs[1:] {
+		v, _ := x.Value(j.Kind)
+		if l, _ := lo.Value(j.Kind); v < l {
+			lo = x
+		}
+		if h, _ := hi.Value(j.Kind); v > h {
+			hi = x
+		}
+	}
+	short := func(r Result) string {
+		switch {
+		case j.Kind == Fsync:
+			return usText(r.SyncP99Ns)
+		case strings.HasSuffix(j.BS, "M"):
+			return fmt.Sprintf("%.0f", r.BWBytes/(1<<20))
+		}
+		return fmt.Sprintf("%.0f", r.IOPS)
+	}
+	return " (" + short(lo) + "–" + short(hi) + ")"
 }
 
 func usText(ns float64) string {
@@ -242,7 +273,7 @@ func (r *Report) Markdown() string {
 	p("    `--time_based --runtime=%s --ramp_time=%s`;", secs(c.Runtime), secs(c.Ramp))
 	if c.Rounds > 1 {
 		p("  - every fio job runs %d rounds on every target, each round starting at another target; each figure below is", c.Rounds)
-		p("    the median round's (of an even count, the lower middle one);")
+		p("    the median round's (of an even count, the lower middle one), with the lowest and highest rounds in brackets;")
 	}
 	p("  - etcd's disk check: `--rw=write --ioengine=sync --fdatasync=1 --bs=2300 --size=%s`, capped at `--runtime=%s`; the", c.EtcdSize, secs(c.EtcdRuntime))
 	p("    figure is the p99 of fdatasync's latency from fio's JSON (lower is better);")
@@ -314,13 +345,13 @@ func (r *Report) Markdown() string {
 		p("%s target |", head)
 		p("%s---|", sep)
 		for _, j := range Jobs {
-			poolCell := Figure(j, r.Pool[j.Key])
+			poolCell := Figure(j, r.Pool[j.Key]) + Range(j, r.Samples["pool/"+j.Key])
 			if j.Kind == Residency {
 				poolCell = "n/a"
 			}
 			row := "| " + j.Name + " | " + poolCell + " |"
 			for _, n := range names {
-				row += " " + Figure(j, r.Volumes[VolKey(fs, n, j.Key)]) + " |"
+				row += " " + Figure(j, r.Volumes[VolKey(fs, n, j.Key)]) + Range(j, r.Samples[VolKey(fs, n, j.Key)]) + " |"
 			}
 			for _, n := range names {
 				row += " " + VerdictText(j, r.Verdict(fs, n, j)) + " |"

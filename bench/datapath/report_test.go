@@ -107,6 +107,16 @@ func TestReportCountsAndMarksTheTargets(t *testing.T) {
 			t.Errorf("the report lacks %q:\n%s", want, md)
 		}
 	}
+	// Rounds show their range beside the median.
+	r.Samples[VolKey("xfs", "after", "randread")] = []Result{{IOPS: 9500}, {IOPS: 12000}, {IOPS: 8000}}
+	r.Samples[VolKey("xfs", "after", "read")] = []Result{{IOPS: 490, BWBytes: 490 << 20}, {IOPS: 300, BWBytes: 300 << 20}}
+	r.Samples["pool/fdatasync"] = []Result{{SyncP99Ns: 2e6, Syncs: 1}, {SyncP99Ns: 900e3, Syncs: 1}, {SyncP99Ns: 3e6, Syncs: 1}}
+	md = r.Markdown()
+	for _, want := range []string{"| 9500 IOPS (8000–12000) |", "| 490 MiB/s (300–490) |", "| 2.00 ms (9000 syncs) (900 µs–3.00 ms) |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q:\n%s", want, md)
+		}
+	}
 	// A failed job shows as a dash and is listed.
 	delete(r.Volumes, VolKey("xfs", "after", "randwrite"))
 	r.Errors["xfs/after/randwrite"] = "fio: exit status 1: io_u error"
