@@ -52,6 +52,8 @@ func main() {
 		regPath     = flag.String("kubelet-registration-path", "", "the CSI socket's path as the kubelet sees it (default: the --endpoint path)")
 		unknownImgs = flag.String("unknown-images", pool.UnknownRefuse, "images in the pool that the metadata store has no record of (a lost or old podvol.db): "+strings.Join(pool.UnknownImagePolicies, ", ")+"; refuse stops the plugin with an explanation")
 		directIO    = flag.Bool("direct-io", true, "loop devices read and write volume images with direct I/O, so that the host's page cache holds no second copy of the data; false: through the page cache, as before (where the pool's filesystem refuses direct I/O, devices fall back to that on their own)")
+		discard     = flag.String("discard", node.DiscardFstrim, "how the space of files deleted in a volume goes back to the pool: "+node.DiscardFstrim+" (trim each volume at unstage and every --trim-interval) or "+node.DiscardMount+" (mount with discard: at once, slower deletes)")
+		trimEvery   = flag.Duration("trim-interval", time.Hour, "with --discard="+node.DiscardFstrim+", how often staged volumes are trimmed; 0: only at unstage")
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
 	klog.InitFlags(nil)
@@ -62,7 +64,7 @@ func main() {
 	}
 	cfg := config{endpoint: *endpoint, nodeID: *nodeID, poolDir: *poolDir, capacity: *capacity, metricsAddr: *metricsAddr,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
-		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO}
+		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery}
 	if err := run(cfg); err != nil {
 		klog.ErrorS(err, "podvol-plugin failed")
 		klog.Flush()
@@ -80,6 +82,8 @@ type config struct {
 	regDir, regPath                                  string
 	unknownImages                                    string
 	directIO                                         bool
+	discard                                          string
+	trimInterval                                     time.Duration
 }
 
 func quantity(flagName, v string) (int64, error) {
@@ -111,6 +115,12 @@ func run(c config) error {
 	if c.gcInterval <= 0 {
 		return fmt.Errorf("--inline-gc-interval must be positive")
 	}
+	if !slices.Contains(node.DiscardModes, c.discard) {
+		return fmt.Errorf("--discard %q: want one of %s", c.discard, strings.Join(node.DiscardModes, ", "))
+	}
+	if c.trimInterval < 0 {
+		return fmt.Errorf("--trim-interval must not be negative")
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
@@ -128,7 +138,8 @@ func run(c config) error {
 	}()
 	n := node.New(p, &directvolume.Shim{Root: c.kataDir, SandboxDirs: c.sandboxDirs}, host)
 	n.SetDirectIO(c.directIO)
-	klog.InfoS("Loop devices", "directIO", c.directIO, "poolBlockSize", device.PoolBlockSize(p.Dir()))
+	n.SetDiscard(c.discard)
+	klog.InfoS("Data path", "directIO", c.directIO, "poolBlockSize", device.PoolBlockSize(p.Dir()), "discard", c.discard, "trimInterval", c.trimInterval)
 	decider, err := decider(c.kubeconfig)
 	if err != nil {
 		return err
@@ -157,6 +168,20 @@ func run(c config) error {
 		time.Sleep(c.gcInterval)
 		inl.Run(ctx, c.gcInterval)
 	}()
+	if c.discard == node.DiscardFstrim && c.trimInterval > 0 {
+		go func() {
+			t := time.NewTicker(c.trimInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					n.TrimAll(ctx, locks.Lock)
+				}
+			}
+		}()
+	}
 	var observe driver.Observer
 	if c.metricsAddr != "" {
 		m := metrics.New(func() (metrics.PoolStats, error) {

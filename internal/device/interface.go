@@ -59,6 +59,9 @@ type Mounts interface {
 type Filesystem interface {
 	Freeze() error
 	Thaw() error
+	// Trim discards the filesystem's free space (Trim) and returns the
+	// bytes discarded.
+	Trim() (int64, error)
 	Close() error
 }
 
@@ -146,4 +149,6 @@ type hostFilesystem struct{ f *os.File }
 
 func (h hostFilesystem) Freeze() error { return Freeze(h.f) }
 func (h hostFilesystem) Thaw() error   { return Thaw(h.f) }
-func (h hostFilesystem) Close() error  { return h.f.Close() }
+
+func (h hostFilesystem) Trim() (int64, error) { return Trim(h.f) }
+func (h hostFilesystem) Close() error         { return h.f.Close() }

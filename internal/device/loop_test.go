@@ -6,7 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"unsafe"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -83,7 +83,7 @@ func TestAttachOptions(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				buf := alignedBlock(4096, byte(tc.want.BlockSize>>8))
+				buf := alignedBlock(t, 4096, byte(tc.want.BlockSize>>8))
 				if _, err := f.WriteAt(buf, 8192); err != nil {
 					t.Fatalf("%+v: write: %v", tc.opts, err)
 				}
@@ -114,11 +114,14 @@ func TestAttachOptions(t *testing.T) {
 	}
 }
 
-// alignedBlock is n bytes of b, aligned for O_DIRECT.
-func alignedBlock(n int, b byte) []byte {
-	raw := make([]byte, n+4096)
-	off := 4096 - int(uintptr(unsafe.Pointer(&raw[0]))%4096)
-	buf := raw[off : off+n]
+// alignedBlock is n bytes from b on, page-aligned for O_DIRECT (an
+// anonymous mapping), unmapped when the test ends.
+func alignedBlock(t *testing.T, n int, b byte) []byte {
+	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(buf) })
 	for i := range buf {
 		buf[i] = b + byte(i)
 	}
@@ -176,4 +179,78 @@ func TestOldFilesystemsStillMount(t *testing.T) {
 			t.Errorf("new %s: FilesystemBlockLimit %d, %v; want the pool's %d", fs, got, err, PoolBlockSize(img))
 		}
 	}
+}
+
+// A trim through a handle on the volume's filesystem punches the space of
+// deleted files out of the image, through a direct-I/O loop device.
+func TestTrimGivesSpaceBack(t *testing.T) {
+	ctx := context.Background()
+	for _, fs := range []string{"ext4", "xfs"} {
+		t.Run(fs, func(t *testing.T) {
+			img := image(t, 400<<20)
+			if err := Format(ctx, img, fs); err != nil {
+				t.Fatal(err)
+			}
+			dev, _ := attach(t, img, LoopOptions{DirectIO: true})
+			mnt := t.TempDir()
+			if err := Mount(ctx, dev, mnt, fs, nil); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = Unmount(mnt) })
+			before := allocatedBytes(t, img)
+			data := filepath.Join(mnt, "data")
+			if err := os.WriteFile(data, make([]byte, 128<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			unix.Sync()
+			full := allocatedBytes(t, img)
+			if full < before+100<<20 {
+				t.Fatalf("128 MiB written, the image grew from %d to %d MiB", before>>20, full>>20)
+			}
+			used, err := Statfs(mnt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(data); err != nil {
+				t.Fatal(err)
+			}
+			// xfs frees a deleted file's blocks in the background: a
+			// trim gives back what the filesystem has freed.
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				if now, err := Statfs(mnt); err == nil && now.UsedBytes < used.UsedBytes-100<<20 {
+					break
+				}
+			}
+			f, err := OpenFilesystemOn(mnt, dev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := Trim(f)
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// xfs may complete its discards after FITRIM returns.
+			after := allocatedBytes(t, img)
+			for deadline := time.Now().Add(5 * time.Second); after > before+16<<20 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				after = allocatedBytes(t, img)
+			}
+			t.Logf("%s: image %d MiB, %d MiB with 128 MiB of data, %d MiB after delete and trim (%d MiB trimmed)", fs, before>>20, full>>20, after>>20, n>>20)
+			if after > before+16<<20 {
+				t.Fatalf("the image holds %d MiB after the data was deleted and trimmed (%d MiB before)", after>>20, before>>20)
+			}
+			if err := Unmount(mnt); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func allocatedBytes(t *testing.T, path string) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
 }

@@ -2,10 +2,12 @@ package node_test
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/node"
 )
 
@@ -60,4 +62,55 @@ func TestDirectIORefusedIsCounted(t *testing.T) {
 		}
 		must(t, e.node.Unstage(ctx, v.ID, v.staging))
 	}
+}
+
+// By default an unstage trims the volume's filesystem first, through its
+// own mount; --discard=mount does not (the mount discards as it goes), nor
+// is a raw block volume trimmed.
+func TestUnstageTrims(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mode  string
+		block bool
+		want  int
+	}{
+		{"fstrim", node.DiscardFstrim, false, 1},
+		{"mount", node.DiscardMount, false, 0},
+		{"block", node.DiscardFstrim, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.node.SetDiscard(tc.mode)
+			v := e.volume("ext4")
+			must(t, e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging, Block: tc.block}))
+			must(t, e.node.Unstage(ctx, v.ID, v.staging))
+			if got := e.dev.Calls(devicetest.Trim); got != tc.want {
+				t.Fatalf("%d trims at unstage, want %d", got, tc.want)
+			}
+			e.clean()
+		})
+	}
+}
+
+// TrimAll trims each staged filesystem volume under its lock, and skips
+// block volumes and volumes not staged.
+func TestTrimAll(t *testing.T) {
+	e := newEnv(t)
+	fs, block, idle := e.volume("xfs"), e.volume("ext4"), e.volume("ext4")
+	e.stage(fs)
+	must(t, e.node.Stage(ctx, node.StageRequest{VolumeID: block.ID, StagingPath: block.staging, Block: true}))
+	var locked []string
+	e.node.TrimAll(ctx, func(key string) func() {
+		locked = append(locked, key)
+		return func() {}
+	})
+	if got := e.dev.Calls(devicetest.Trim); got != 1 {
+		t.Fatalf("%d trims, want 1 (the staged filesystem volume)", got)
+	}
+	if !slices.Contains(locked, fs.ID) || slices.Contains(locked, idle.ID) {
+		t.Fatalf("locked %v; want %s and not the idle %s", locked, fs.ID, idle.ID)
+	}
+	must(t, e.node.Unstage(ctx, fs.ID, fs.staging))
+	must(t, e.node.Unstage(ctx, block.ID, block.staging))
+	e.clean()
 }

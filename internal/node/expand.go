@@ -86,12 +86,12 @@ func (n *Node) growMounted(ctx context.Context, v *store.Volume) error {
 		failpoint.Hit("grow-offline-after-unmount")
 		if err := n.growUnmounted(ctx, v, s.Device); err != nil {
 			// Leave the volume as staged as it was.
-			if merr := n.dev.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags); merr != nil {
+			if merr := n.dev.Mount(ctx, s.Device, s.Path, v.FsType, n.stagingOptions(v.FsType, s.MountFlags)); merr != nil {
 				klog.ErrorS(merr, "Mounting the staging path again after a failed offline growth", "volume", v.ID, "stagingPath", s.Path)
 			}
 			return err
 		}
-		return n.dev.Mount(ctx, s.Device, s.Path, v.FsType, s.MountFlags)
+		return n.dev.Mount(ctx, s.Device, s.Path, v.FsType, n.stagingOptions(v.FsType, s.MountFlags))
 	}
 	if err := n.dev.GrowOnline(ctx, v.FsType, s.Device, s.Path); err != nil {
 		return fmt.Errorf("grow the mounted %s filesystem of volume %s: %w; the image is grown, and the filesystem will be grown when the volume is next staged (restart the pod): %w", v.FsType, v.ID, err, pool.ErrInUse)
@@ -235,6 +235,18 @@ func (n *Node) cleanGrowMounts() error {
 func withNoUUID(fsType string, flags []string) []string {
 	if fsType == "xfs" && !hasFlag(flags, "nouuid") {
 		return append(slices.Clip(flags), "nouuid")
+	}
+	return flags
+}
+
+// stagingOptions are the mount options of a volume's own filesystem mount
+// (the staging mount, or an inline volume's target): the StorageClass's
+// flags, nouuid for xfs, and with --discard=mount, discard (unless the flags
+// say nodiscard).
+func (n *Node) stagingOptions(fsType string, flags []string) []string {
+	flags = withNoUUID(fsType, flags)
+	if n.discardMount && !hasFlag(flags, "discard") && !hasFlag(flags, "nodiscard") {
+		flags = append(slices.Clip(flags), "discard")
 	}
 	return flags
 }

@@ -163,13 +163,13 @@ func (e *env) images() []string {
 }
 
 // assertClean fails unless no loop device or mount of the test remains
-// (besides an XFS pool's own).
+// (besides an XFS pool's own, and a ramfs pool's mount).
 func (e *env) assertClean() {
 	e.t.Helper()
 	loops, mounts := plugintest.Leftovers(e.dir)
-	pool := filepath.Join(e.dir, "xfs-pool")
+	pools := []string{filepath.Join(e.dir, "xfs-pool"), filepath.Join(e.dir, "ramfs-pool")}
 	loops = slices.DeleteFunc(loops, func(l string) bool { return strings.HasSuffix(l, "/xfs-pool.img)") })
-	mounts = slices.DeleteFunc(mounts, func(m string) bool { return m == pool })
+	mounts = slices.DeleteFunc(mounts, func(m string) bool { return slices.Contains(pools, m) })
 	if len(loops)+len(mounts) > 0 {
 		e.t.Fatalf("leftovers: loop devices %v, mounts %v", loops, mounts)
 	}

@@ -240,6 +240,15 @@ func (p *Plugin) Restart(env ...string) {
 	p.start()
 }
 
+// Upgrade stops the plugin gracefully and starts it again on the same pool
+// with args in place of its arguments, as a new version or a changed
+// DaemonSet would.
+func (p *Plugin) Upgrade(args ...string) {
+	p.Stop()
+	p.opts.Args = args
+	p.start()
+}
+
 // Leftovers lists loop devices backed by files below dir and mounts below dir.
 func Leftovers(dir string) (loops, mounts []string) {
 	ents, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
