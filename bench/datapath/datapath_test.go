@@ -183,7 +183,7 @@ func runHost(b *testing.B, c Config) *Report {
 			return Result{}, err
 		}
 		if o, err := exec.CommandContext(ctx, "fio", args...).CombinedOutput(); err != nil {
-			return Result{}, fmt.Errorf("fio: %v: %s", err, strings.TrimSpace(string(o)))
+			return Result{}, fmt.Errorf("fio: %w: %s", err, strings.TrimSpace(string(o)))
 		}
 		o, err := os.ReadFile(output)
 		if err != nil {
@@ -297,7 +297,7 @@ func residency(ctx context.Context, c Config, t target) (Result, error) {
 	}
 	out, err := exec.CommandContext(ctx, "dd", "if=/dev/zero", "of="+of, "bs=1M", "count="+strconv.FormatInt(c.WriteSize>>20, 10), "conv=fsync").CombinedOutput()
 	if err != nil {
-		return Result{}, fmt.Errorf("dd: %v: %s", err, out)
+		return Result{}, fmt.Errorf("dd: %w: %s", err, out)
 	}
 	res, err := Resident(t.image)
 	if err != nil {

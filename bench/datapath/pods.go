@@ -310,7 +310,7 @@ func RunPods(ctx context.Context, o PodOptions) (*PodReport, error) {
 		return nil, errors.New("the pod layer needs the dev cluster's lock file and a hostPath directory")
 	}
 	logf := o.Logf
-	lock, err := os.OpenFile(o.Lock, os.O_CREATE|os.O_RDWR, 0o644)
+	lock, err := os.OpenFile(o.Lock, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("the dev cluster's lock %s: %w", o.Lock, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -72,7 +73,7 @@ func layerEntries(t *testing.T, archive string) map[string]*tar.Header {
 	entries := map[string]*tar.Header{}
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -92,7 +93,7 @@ func layerEntries(t *testing.T, archive string) map[string]*tar.Header {
 		lr := tar.NewReader(zr)
 		for {
 			lh, err := lr.Next()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
