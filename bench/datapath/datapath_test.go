@@ -149,7 +149,10 @@ func runHost(b *testing.B, c Config) *Report {
 	mnt, poolDev := directPool(b, dir, poolSize)
 	r.PoolFS = FSType(mnt)
 	r.PoolDevice = poolDev
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	// A bound on the whole layer, so that a hung fio or dd fails the run
+	// rather than hold it until go test's own timeout.
+	perTarget := 4*(c.Runtime+c.Ramp) + c.EtcdRuntime + time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute+time.Duration(c.Rounds*(1+len(filesystems)*len(variants)))*perTarget)
 	defer cancel()
 
 	base := filepath.Join(mnt, "baseline")
