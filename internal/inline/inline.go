@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
@@ -98,7 +99,7 @@ func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 			}
 		}
 	}
-	if err != nil && !errors.Is(err, pool.ErrConflict) {
+	if err != nil && !errors.Is(err, errkind.ErrConflict) {
 		// Nothing of a volume that could not be mounted is kept; kubelet
 		// retries the whole publish.
 		if derr := m.Pool.DeleteVolume(ctx, v.ID); derr != nil {
@@ -119,7 +120,7 @@ func (m *Manager) Unpublish(ctx context.Context, handle, target string) error {
 		return err
 	}
 	if v.Stage != nil && v.Stage.Path != target {
-		return fmt.Errorf("inline volume %s is mounted at %s, not %s: %w", handle, v.Stage.Path, target, pool.ErrNotFound)
+		return fmt.Errorf("inline volume %s is mounted at %s, not %s: %w", handle, v.Stage.Path, target, errkind.ErrNotFound)
 	}
 	return m.remove(ctx, v)
 }
@@ -139,7 +140,7 @@ func (m *Manager) remove(ctx context.Context, v *store.Volume) error {
 func (m *Manager) removeUnmounted(path string) error {
 	if mnt, err := m.mounts().MountedAt(path); err != nil || mnt != nil {
 		if err == nil {
-			err = fmt.Errorf("%s still has %s mounted: %w", path, mnt.Source, pool.ErrInUse)
+			err = fmt.Errorf("%s still has %s mounted: %w", path, mnt.Source, errkind.ErrInUse)
 		}
 		return err
 	}

@@ -10,8 +10,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/failpoint"
-	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -31,21 +31,21 @@ func directPublication(v *store.Volume) (string, bool) {
 // left an empty directory.
 func (n *Node) publishDirect(ctx context.Context, v *store.Volume, r PublishRequest) error {
 	if n.direct == nil {
-		return fmt.Errorf("direct assignment is not configured on this plugin: %w", pool.ErrInvalid)
+		return fmt.Errorf("direct assignment is not configured on this plugin: %w", errkind.ErrInvalid)
 	}
 	if !r.Exclusive {
-		return fmt.Errorf("volume %s: a direct-assigned volume must be ReadWriteOncePod (SINGLE_NODE_SINGLE_WRITER): two guests must never mount one filesystem: %w", v.ID, pool.ErrInUse)
+		return fmt.Errorf("volume %s: a direct-assigned volume must be ReadWriteOncePod (SINGLE_NODE_SINGLE_WRITER): two guests must never mount one filesystem: %w", v.ID, errkind.ErrInUse)
 	}
 	if p, ok := v.Publications[r.TargetPath]; ok && p.State == store.Published {
 		if !p.Direct {
-			return fmt.Errorf("volume %s is already mounted on the host at %s: %w", v.ID, r.TargetPath, pool.ErrConflict)
+			return fmt.Errorf("volume %s is already mounted on the host at %s: %w", v.ID, r.TargetPath, errkind.ErrConflict)
 		}
 		if directvolume.Exists(n.direct.Root, r.TargetPath) {
 			return nil
 		}
 	}
 	if live := n.livePublications(v); len(live) > 0 && !(len(live) == 1 && live[0] == r.TargetPath) {
-		return fmt.Errorf("volume %s is already published at %v: a direct-assigned volume has one user: %w", v.ID, live, pool.ErrInUse)
+		return fmt.Errorf("volume %s is already published at %v: a direct-assigned volume has one user: %w", v.ID, live, errkind.ErrInUse)
 	}
 	if err := parentExists(r.TargetPath); err != nil {
 		return err
@@ -138,7 +138,7 @@ func (n *Node) undoDirect(ctx context.Context, id, target string) error {
 func (n *Node) directStats(ctx context.Context, v *store.Volume, target string) (Stats, error) {
 	st, err := n.direct.Stats(ctx, target, v.Stage.Device)
 	if errors.Is(err, directvolume.ErrNoSandbox) {
-		return Stats{}, fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: no stats until it starts: %w", v.ID, pool.ErrInUse)
+		return Stats{}, fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: no stats until it starts: %w", v.ID, errkind.ErrInUse)
 	}
 	if err != nil {
 		return Stats{}, err
@@ -160,10 +160,10 @@ func (n *Node) directStats(ctx context.Context, v *store.Volume, target string) 
 func (n *Node) resizeDirect(ctx context.Context, v *store.Volume, target string) error {
 	err := n.direct.Resize(ctx, target, v.Stage.Device, v.SizeBytes)
 	if errors.Is(err, directvolume.ErrNoSandbox) {
-		return fmt.Errorf("volume %s grew to %d bytes, but the microVM it is assigned to is not running in a sandbox yet to grow its filesystem: %w", v.ID, v.SizeBytes, pool.ErrInUse)
+		return fmt.Errorf("volume %s grew to %d bytes, but the microVM it is assigned to is not running in a sandbox yet to grow its filesystem: %w", v.ID, v.SizeBytes, errkind.ErrInUse)
 	}
 	if err != nil {
-		return fmt.Errorf("volume %s grew to %d bytes on the host, but growing it in the guest failed (Kata's agent does not implement online resize of direct volumes yet; stop the pod and the filesystem grows at the next host stage): %w: %w", v.ID, v.SizeBytes, err, pool.ErrInUse)
+		return fmt.Errorf("volume %s grew to %d bytes on the host, but growing it in the guest failed (Kata's agent does not implement online resize of direct volumes yet; stop the pod and the filesystem grows at the next host stage): %w: %w", v.ID, v.SizeBytes, err, errkind.ErrInUse)
 	}
 	return nil
 }
@@ -172,7 +172,7 @@ func (n *Node) resizeDirect(ctx context.Context, v *store.Volume, target string)
 func gid(s string) (int, error) {
 	g, err := strconv.Atoi(s)
 	if err != nil || g < 0 {
-		return 0, fmt.Errorf("volume mount group %q is not a numeric group id: %w", s, pool.ErrInvalid)
+		return 0, fmt.Errorf("volume mount group %q is not a numeric group id: %w", s, errkind.ErrInvalid)
 	}
 	return g, nil
 }

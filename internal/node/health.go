@@ -7,7 +7,7 @@ import (
 	"os"
 
 	"github.com/podvol/podvol/internal/directvolume"
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -71,7 +71,7 @@ func (n *Node) Health(ctx context.Context, id string, viaRuntime bool) ([]Condit
 		st, err := n.direct.Stats(ctx, t, s.Device)
 		switch {
 		case errors.Is(err, directvolume.ErrNoSandbox):
-			return nil, fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: %w", v.ID, pool.ErrInUse)
+			return nil, fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: %w", v.ID, errkind.ErrInUse)
 		case err != nil:
 			add(Inaccessible, "RuntimeUnreachable", "the runtime holding volume %s did not answer: %v", v.ID, err)
 		case st.Condition != nil && (st.Condition.Abnormal || (st.Condition.Message != "" && st.Condition.Message != "OK")):

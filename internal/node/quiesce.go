@@ -5,7 +5,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -32,13 +32,13 @@ func (n *Node) Quiesce(id string) (func(), error) {
 			// extent for as long as it takes, while the guest goes on
 			// writing: the copy would be torn, not crash-consistent.
 			// A reflink copy is one atomic step.
-			return nil, fmt.Errorf("volume %s is assigned to a microVM and this pool's filesystem has no reflink, so a copy of it while the guest writes would be torn: stop the pod first, or put the pool on XFS or btrfs: %w", id, pool.ErrInUse)
+			return nil, fmt.Errorf("volume %s is assigned to a microVM and this pool's filesystem has no reflink, so a copy of it while the guest writes would be torn: stop the pod first, or put the pool on XFS or btrfs: %w", id, errkind.ErrInUse)
 		}
 		return func() {}, n.dev.SyncDevice(s.Device)
 	}
 	f, err := n.dev.OpenFilesystemOn(s.Path, s.Device)
 	if err != nil {
-		return nil, fmt.Errorf("volume %s is not mounted at its staging path, so it cannot be frozen for a consistent copy (stage it again): %w: %w", id, err, pool.ErrNotStaged)
+		return nil, fmt.Errorf("volume %s is not mounted at its staging path, so it cannot be frozen for a consistent copy (stage it again): %w: %w", id, err, errkind.ErrNotStaged)
 	}
 	if err := f.Freeze(); err != nil {
 		f.Close()

@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/podvol/podvol/internal/device"
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -25,7 +25,7 @@ func (n *Node) VolumeStats(ctx context.Context, id, path string) (Stats, error) 
 	s := v.Stage
 	_, published := v.Publications[path]
 	if s == nil || (!published && s.Path != path && !n.mapsBlock(s, path)) {
-		return Stats{}, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, pool.ErrNotFound)
+		return Stats{}, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, errkind.ErrNotFound)
 	}
 	if t, direct := directPublication(v); direct {
 		return n.directStats(ctx, v, t)
@@ -42,7 +42,7 @@ func (n *Node) VolumeStats(ctx context.Context, id, path string) (Stats, error) 
 		return Stats{}, err
 	}
 	if m == nil {
-		return Stats{}, fmt.Errorf("volume %s: %s is not mounted any more: %w", id, path, pool.ErrNotFound)
+		return Stats{}, fmt.Errorf("volume %s: %s is not mounted any more: %w", id, path, errkind.ErrNotFound)
 	}
 	fs, err := n.dev.Statfs(path)
 	return Stats{FSStats: fs}, err
