@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,6 +130,29 @@ func (e *env) volumes() int {
 	vols, err := e.pool.Store().Volumes()
 	must(e.t, err)
 	return len(vols)
+}
+
+// A Manager without a mount table refuses to work rather than read and
+// unmount the host's: a test that forgets the fake must fail, and nothing
+// is created.
+func TestManagerWithoutDeviceIsRefused(t *testing.T) {
+	e := newEnv(t, 10*size.GiB)
+	m := &inline.Manager{Pool: e.pool, Node: e.node, KubeletDir: e.kubelet, Locks: &keylock.Locks{}}
+	e.m = m
+	p := e.pod("a")
+	err := e.publish(p)
+	if err == nil || !strings.Contains(err.Error(), "Device") {
+		t.Fatalf("publish with no Device: %v", err)
+	}
+	if vols, _ := e.pool.Store().Volumes(); len(vols) != 0 {
+		t.Fatalf("the refused publish created %d volumes", len(vols))
+	}
+	if err := m.Unpublish(ctx, p.handle, p.target); err == nil || !strings.Contains(err.Error(), "Device") {
+		t.Fatalf("unpublish with no Device: %v", err)
+	}
+	if err := m.Collect(ctx); err == nil || !strings.Contains(err.Error(), "Device") {
+		t.Fatalf("collect with no Device: %v", err)
+	}
 }
 
 func TestPublishUnpublish(t *testing.T) {

@@ -70,11 +70,12 @@ type refusals struct {
 }
 
 // New returns a Node for p. direct configures Kata direct assignment; nil
-// turns it off. dev is the machine the volumes are attached and mounted on;
-// nil is the real one (device.Host).
+// turns it off. dev is the machine the volumes are attached and mounted on:
+// device.Host{} for this one, devicetest's fake in tests. A nil dev panics,
+// so that a test that forgot its fake fails instead of acting on the host.
 func New(p *pool.Pool, direct *directvolume.Shim, dev device.Interface) *Node {
 	if dev == nil {
-		dev = device.Host{}
+		panic("node.New: the device is nil: pass device.Host{} for this machine, or devicetest.New() in tests")
 	}
 	return &Node{pool: p, store: p.Store(), direct: direct, dev: dev}
 }

@@ -45,7 +45,8 @@ type Config struct {
 	// of: UnknownRefuse (the default), UnknownAdopt or UnknownDelete.
 	UnknownImages string
 	// Device is the machine the images are attached, probed and copied
-	// on; nil is the real one (device.Host).
+	// on: device.Host{} for this machine, devicetest's fake in tests.
+	// Required: Open refuses a nil one.
 	Device device.Interface
 }
 
@@ -66,6 +67,11 @@ type Pool struct {
 
 // Open opens or initialises the pool at cfg.Dir.
 func Open(cfg Config) (*Pool, error) {
+	if cfg.Device == nil {
+		// No default: a test that forgot its fake would otherwise attach
+		// loop devices and mount on the machine running it.
+		return nil, errors.New("pool: Config.Device is nil: pass device.Host{} for this machine, or devicetest.New() in tests")
+	}
 	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
 		return nil, fmt.Errorf("pool directory %q must be an absolute path", cfg.Dir)
 	}
@@ -79,9 +85,6 @@ func Open(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("resolve pool directory: %w", err)
 	}
 	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes"), snapDir: filepath.Join(dir, "snapshots"), dev: cfg.Device}
-	if p.dev == nil {
-		p.dev = device.Host{}
-	}
 	for _, d := range []string{p.volDir, p.snapDir} {
 		if err := mkdirNoSymlink(d); err != nil {
 			return nil, err

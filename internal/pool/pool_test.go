@@ -562,3 +562,21 @@ func TestAdoptKeepsParameters(t *testing.T) {
 		}
 	}
 }
+
+// A pool opened without a machine is refused before it touches anything:
+// a test that forgets the fake must fail, not attach loop devices and take
+// the host's capacity.
+func TestOpenWithoutDeviceIsRefused(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pool")
+	p, err := pool.Open(pool.Config{Dir: dir, Capacity: 10 * GiB})
+	if err == nil {
+		_ = p.Close()
+		t.Fatal("pool.Open with no Device succeeded: it acts on the host")
+	}
+	if !strings.Contains(err.Error(), "Device") {
+		t.Fatalf("the error does not say what is missing: %v", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused pool made its directory: %v", err)
+	}
+}
