@@ -133,7 +133,8 @@ func (f *Fake) mountDevice(m *mount, source, fsType string, opts []string, tfi o
 		if fsType == "xfs" && !slices.Contains(opts, "nouuid") {
 			for _, other := range f.sbs {
 				if other.fsType == "xfs" && other.uuid == sig.UUID {
-					return fmt.Errorf(xfsDuplicateUUID, sig.UUID)
+					// xfs's own words, capital and all.
+					return errors.New("Filesystem has duplicate UUID " + sig.UUID + " - can't mount")
 				}
 			}
 		}
@@ -145,9 +146,6 @@ func (f *Fake) mountDevice(m *mount, source, fsType string, opts []string, tfi o
 	m.source, m.fsType, m.root, m.sb = source, fsType, "/", sb
 	return nil
 }
-
-// xfsDuplicateUUID is the kernel's refusal, in xfs's own words.
-const xfsDuplicateUUID = "Filesystem has duplicate UUID %s - can't mount"
 
 // mountOptions is what /proc/self/mountinfo shows of a mount's own flags.
 func mountOptions(opts []string) []string {
