@@ -134,9 +134,9 @@ func (n *Node) undoDirect(ctx context.Context, id, target string) error {
 	return err
 }
 
-// directStats asks the runtime for a direct-assigned volume's usage.
-func (n *Node) directStats(ctx context.Context, v *store.Volume, target string) (Stats, error) {
-	st, err := n.direct.Stats(ctx, target, v.Stage.Device)
+// stats of a microVM's volume: the runtime asks the guest.
+func (m microVM) stats(ctx context.Context, v *store.Volume, _ string) (Stats, error) {
+	st, err := m.n.direct.Stats(ctx, m.target, v.Stage.Device)
 	if errors.Is(err, directvolume.ErrNoSandbox) {
 		return Stats{}, fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: no stats until it starts: %w", v.ID, errkind.ErrInUse)
 	}
@@ -175,4 +175,28 @@ func gid(s string) (int, error) {
 		return 0, fmt.Errorf("volume mount group %q is not a numeric group id: %w", s, errkind.ErrInvalid)
 	}
 	return g, nil
+}
+
+// scanDirect looks at every direct-volume entry: podvol's own were recovered
+// above with their volumes; anything else belongs to another driver and is
+// left alone.
+func (n *Node) scanDirect(vols []*store.Volume) {
+	targets, err := directvolume.Scan(n.direct.Root)
+	if err != nil {
+		klog.ErrorS(err, "Reading the direct-volume directory", "root", n.direct.Root)
+		return
+	}
+	ours := map[string]bool{}
+	for _, v := range vols {
+		for t, p := range v.Publications {
+			if p.Direct {
+				ours[t] = true
+			}
+		}
+	}
+	for _, t := range targets {
+		if !ours[t] {
+			klog.V(2).InfoS("Leaving a direct-volume entry podvol did not write", "target", t)
+		}
+	}
 }

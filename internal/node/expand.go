@@ -40,36 +40,39 @@ func (n *Node) Expand(ctx context.Context, id, path string, size int64) (int64, 
 	if err := n.dev.LoopSetCapacity(s.Device); err != nil {
 		return 0, err
 	}
-	if t, direct := directPublication(v); direct {
-		taken, err := n.sandboxTook(t)
-		if err != nil {
-			return 0, err
-		}
-		if taken {
-			// The filesystem is the guest's: only the runtime can grow it.
-			if err := n.resizeDirect(ctx, v, t); err != nil {
-				return 0, err
-			}
-			return v.SizeBytes, n.pool.FsGrown(id)
-		}
-		// Assigned, but no sandbox has taken it yet: kubelet calls
-		// NodeExpandVolume after NodePublishVolume and before it has the
-		// runtime create the pod's sandbox. Nothing mounts the filesystem,
-		// so it grows on the host now, and the guest boots with it.
-		if !s.Block && v.GrowFs {
-			if err := n.growAssigned(ctx, v); err != nil {
-				return 0, err
-			}
-		}
-		return v.SizeBytes, n.pool.FsGrown(id)
-	}
-	if s.Block || !v.GrowFs {
-		return v.SizeBytes, n.pool.FsGrown(id)
-	}
-	if err := n.growMounted(ctx, v); err != nil {
+	if err := n.handoverOf(v).grow(ctx, v); err != nil {
 		return 0, err
 	}
 	return v.SizeBytes, n.pool.FsGrown(id)
+}
+
+// grow of a host mount: the staged filesystem, if it is to grow.
+func (h hostMount) grow(ctx context.Context, v *store.Volume) error {
+	if h.block || !v.GrowFs {
+		return nil
+	}
+	return h.n.growMounted(ctx, v)
+}
+
+// grow of a microVM's volume: by the runtime once a sandbox has it, else
+// on the host before the guest boots.
+func (m microVM) grow(ctx context.Context, v *store.Volume) error {
+	taken, err := m.n.sandboxTook(m.target)
+	if err != nil {
+		return err
+	}
+	if taken {
+		// The filesystem is the guest's: only the runtime can grow it.
+		return m.n.resizeDirect(ctx, v, m.target)
+	}
+	// Assigned, but no sandbox has taken it yet: kubelet calls
+	// NodeExpandVolume after NodePublishVolume and before it has the
+	// runtime create the pod's sandbox. Nothing mounts the filesystem,
+	// so it grows on the host now, and the guest boots with it.
+	if !v.Stage.Block && v.GrowFs {
+		return m.n.growAssigned(ctx, v)
+	}
+	return nil
 }
 
 // growMounted grows the filesystem of a staged volume. xfs grows online.

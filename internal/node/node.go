@@ -313,7 +313,7 @@ func (n *Node) stageIntact(v *store.Volume) bool {
 	if !n.dev.LoopServes(s.Device, n.pool.ImagePath(v.ID)) {
 		return false
 	}
-	if _, direct := directPublication(v); s.Block || direct {
+	if !n.handoverOf(v).mountsStaging() {
 		// A direct-assigned volume is deliberately not mounted here.
 		return true
 	}
@@ -392,7 +392,7 @@ func (n *Node) Trim(id string) (int64, error) {
 
 func (n *Node) trim(v *store.Volume) (int64, error) {
 	s := v.Stage
-	if _, direct := directPublication(v); s.Block || direct {
+	if !n.handoverOf(v).mountsStaging() {
 		return 0, nil
 	}
 	h, err := n.dev.OpenFilesystemOn(s.Path, s.Device)
@@ -484,14 +484,8 @@ func (n *Node) teardownStage(v *store.Volume) error {
 // targets that are.
 func (n *Node) livePublications(v *store.Volume) []string {
 	var live, stale []string
-	for t, p := range v.Publications {
-		alive := false
-		if p.Direct {
-			alive = n.direct != nil && directvolume.Exists(n.direct.Root, t)
-		} else if m, _ := n.dev.MountedAt(t); m != nil {
-			alive = true
-		}
-		if alive {
+	for t := range v.Publications {
+		if n.handoverAt(v, t).alive(t) {
 			live = append(live, t)
 		} else {
 			stale = append(stale, t)

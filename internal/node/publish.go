@@ -53,15 +53,16 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 	if s.Block != r.Block {
 		return fmt.Errorf("volume %s is staged for %s access, publish asks for %s: %w", v.ID, accessName(s.Block), accessName(r.Block), errkind.ErrInvalid)
 	}
-	if r.Direct {
-		return n.publishDirect(ctx, v, r)
-	}
-	if t, direct := directPublication(v); direct && t != r.TargetPath {
-		return fmt.Errorf("volume %s is assigned to a microVM at %s: it cannot be mounted on the host meanwhile: %w", v.ID, t, errkind.ErrInUse)
-	} else if !direct {
-		if v, err = n.ensureStaged(ctx, v); err != nil {
-			return err
-		}
+	return n.handoverFor(v, r).publish(ctx, v, r)
+}
+
+// publish by host mount: a bind of the staging mount, or of the loop
+// device, at the target.
+func (h hostMount) publish(ctx context.Context, v *store.Volume, r PublishRequest) error {
+	n := h.n
+	v, err := n.handoverOf(v).beforeHostPublish(ctx, v, r.TargetPath)
+	if err != nil {
+		return err
 	}
 	if p, ok := v.Publications[r.TargetPath]; ok && p.State == store.Published {
 		if p.ReadOnly != r.ReadOnly || p.Exclusive() != r.Exclusive {
@@ -203,9 +204,13 @@ func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 		}
 		return RemoveTarget(target)
 	}
-	if p, ok := v.Publications[target]; ok && p.Direct {
-		return n.undoDirect(ctx, v.ID, target)
-	}
+	return n.handoverAt(v, target).unpublish(ctx, v, target, m)
+}
+
+// unpublish of a host mount: unmount the target, if it holds this volume,
+// and remove it.
+func (h hostMount) unpublish(ctx context.Context, v *store.Volume, target string, m *device.MountAt) error {
+	n, id := h.n, v.ID
 	if m != nil {
 		if _, ours := v.Publications[target]; !ours && !n.mountIsVolume(v, m) {
 			return fmt.Errorf("%s has %s mounted, which is not volume %s: leaving it alone: %w", target, m.Source, id, errkind.ErrInvalid)
@@ -217,7 +222,7 @@ func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 	if err := RemoveTarget(target); err != nil {
 		return err
 	}
-	_, err = n.store.Update(v.ID, func(v *store.Volume) error {
+	_, err := n.store.Update(v.ID, func(v *store.Volume) error {
 		delete(v.Publications, target)
 		return nil
 	})

@@ -27,9 +27,12 @@ func (n *Node) VolumeStats(ctx context.Context, id, path string) (Stats, error) 
 	if s == nil || (!published && s.Path != path && !n.mapsBlock(s, path)) {
 		return Stats{}, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, errkind.ErrNotFound)
 	}
-	if t, direct := directPublication(v); direct {
-		return n.directStats(ctx, v, t)
-	}
+	return n.handoverOf(v).stats(ctx, v, path)
+}
+
+// stats of a host mount: the filesystem at path, or the device's size.
+func (h hostMount) stats(ctx context.Context, v *store.Volume, path string) (Stats, error) {
+	n, s, id := h.n, v.Stage, v.ID
 	if s.Block {
 		size, err := n.dev.DeviceSize(s.Device)
 		if err != nil {
