@@ -10,12 +10,16 @@ GO ?= go
 # race detector needs cgo (and gcc).
 export CGO_ENABLED ?= 0
 
-.PHONY: all build test test-host test-cluster check vet lint fuzz bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-slow
+.PHONY: all help build test test-host test-cluster check vet lint fuzz bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-slow
 
 all: build
 
+# Each public target with its ## comment.
+help: ## this list
+	@awk 'BEGIN { FS = ":[^#]*## " } /^[a-zA-Z0-9_-]+:[^#]*## / { printf "  %-18s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
 # The three binaries, each with the version stamped in (--version prints it).
-build:
+build: ## bin/podvol-plugin, bin/podvol-controller, bin/podvol-dev (version stamped in)
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-plugin ./cmd/podvol-plugin
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-controller ./cmd/podvol-controller
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-dev ./cmd/podvol-dev
@@ -24,7 +28,7 @@ build:
 # missing is installed, so that make test can depend on it and still start
 # at once on a machine that has them.
 DEB_PACKAGES := gcc libc6-dev e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git qemu-system-x86
-deps:
+deps: ## install the Debian packages the tests and the dev cluster need (root)
 	@missing=; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then echo "== Debian packages: all installed"; else \
 	echo "== installing Debian packages:$$missing"; \
@@ -33,16 +37,16 @@ deps:
 # A real Kubernetes of three nodes with podvol deployed, and a walk through every
 # volume lifecycle. The first run builds Kubernetes and the CSI sidecars from
 # Go modules (22 minutes on 2 cores, measured; cached afterwards).
-demo: deps
+demo: deps ## bring up the dev cluster and walk through every volume lifecycle (root)
 	$(GO) build -o bin/podvol-dev ./cmd/podvol-dev
 	bin/podvol-dev demo
 
-up:
+up: ## bring up the dev cluster: three nodes with podvol deployed (root)
 	$(GO) build -o bin/podvol-dev ./cmd/podvol-dev
 	bin/podvol-dev up
 
 # Stops the dev cluster and removes everything it made.
-down:
+down: ## stop the dev cluster and remove everything it made
 	$(GO) build -o bin/podvol-dev ./cmd/podvol-dev
 	bin/podvol-dev down
 
@@ -50,7 +54,7 @@ down:
 # any user).
 GO_FILES = $(shell find . -name '*.go' -not -path './.git/*')
 
-vet:
+vet: ## gofmt check and go vet
 	@test -z "$$(gofmt -l $(GO_FILES))" || { gofmt -l $(GO_FILES); echo "gofmt: the files above need formatting"; exit 1; }
 	$(GO) vet ./...
 
@@ -69,7 +73,7 @@ CHECK_TMPDIR ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo
 # tools/lint/go.mod pins, built from Go modules into a cache by
 # tools/lint/build.sh (5-8 minutes the first time); configuration in
 # .golangci.yml.
-lint:
+lint: ## golangci-lint over the whole module (.golangci.yml)
 	@lint=$$(GO='$(GO)' tools/lint/build.sh) && echo "$$lint run ./..." && "$$lint" run ./...
 
 # go test runs through test/internal/testsummary: it prints go test -json's
@@ -83,7 +87,7 @@ REQUIRE_MICROVM = $(if $(filter 1,$(PODVOL_REQUIRE_MICROVM)),-require-run ./test
 
 # Quick checks that need no root: gofmt, go vet, golangci-lint, and the unit
 # tests with -race.
-check: vet lint
+check: vet lint ## vet, lint and the unit tests with -race: no root, no cluster
 	$(TEST_SUMMARY) -- env CGO_ENABLED=1 TMPDIR=$(CHECK_TMPDIR) $(GO) test -json -race -count=1 -timeout 5m $(UNIT_PKGS)
 
 # Every test. Needs root; installs the Debian packages it needs (deps) first,
@@ -95,16 +99,16 @@ check: vet lint
 # - test-cluster: the end-to-end package on the dev cluster, with the
 #   conformance suite's build beside it, then make conformance.
 # Their output is interleaved line by line; each ends with its own summary.
-test: deps
+test: deps ## every test: check, fuzz, the host packages and the cluster ones (root)
 	@$(MAKE) --no-print-directory -j2 test-host test-cluster
 
 CLUSTER_PKGS := ./test/e2e
 HOST_PKGS = $(filter-out $(UNIT_PKGS) %/test/e2e,$(shell $(GO) list ./...))
 
-test-host: check fuzz
+test-host: check fuzz ## make test's host chain: check, fuzz, every package needing no cluster (root)
 	$(TEST_SUMMARY) $(REQUIRE_MICROVM) -- $(GO) test -json -count=1 -timeout 60m $(HOST_PKGS)
 
-test-cluster:
+test-cluster: ## make test's cluster chain: the e2e tests, then make conformance (root)
 	@tools/e2e/build.sh >/dev/null & build=$$!; \
 	$(TEST_SUMMARY) -- $(GO) test -json -count=1 -timeout 60m $(CLUSTER_PKGS); rc=$$?; \
 	wait $$build || { echo "the conformance suite's build (tools/e2e/build.sh) failed: run it alone to see why" >&2; exit 1; }; \
@@ -115,16 +119,16 @@ test-cluster:
 # quantities (their seed corpus also runs in every go test). A failure is
 # written to internal/size/testdata/fuzz/: keep it as a regression input.
 FUZZTIME ?= 20s
-fuzz:
+fuzz: ## a bounded run of the size fuzz targets (FUZZTIME, default 20s)
 	$(GO) test -run '^$$' -fuzz '^FuzzSizeFor$$' -fuzztime $(FUZZTIME) ./internal/size/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseQuantitySize$$' -fuzztime $(FUZZTIME) ./internal/size/
 
-clean:
+clean: ## remove bin/
 	rm -rf bin
 
 # Benchmarks with a ratio report (see bench/README.md). Needs root and ~15 GiB
 # of free disk for the 80%-full volumes.
-bench:
+bench: ## snapshot/clone/provisioning benchmarks (root, ~15 GiB free)
 	$(GO) test -run '^$$' -bench . -benchtime 5x -timeout 60m ./bench/
 
 # A QEMU microVM's boot time and fio in the guest on a direct-assigned volume
@@ -132,7 +136,7 @@ bench:
 # with the figures measured, and microvm.png). Needs root; installs QEMU, fio
 # and virtiofsd with apt-get if missing. A few minutes (TCG where KVM is not
 # usable).
-bench-microvm:
+bench-microvm: ## microVM boot and fio: direct assignment vs virtio-fs (root)
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./bench/microvm/
 
 # The data path (issue 22): fio on volumes that the real plugin publishes
@@ -150,7 +154,7 @@ bench-microvm:
 # ./bench/datapath -args -h. DATAPATH_TIMEOUT bounds the whole run (90m).
 DATAPATH_FLAGS ?=
 DATAPATH_TIMEOUT ?= 90m
-bench-datapath:
+bench-datapath: ## fio on published volumes vs the pool, buffered vs direct I/O (root)
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout $(DATAPATH_TIMEOUT) ./bench/datapath/ -args -cluster-lock $(CONFORMANCE_LOCK) $(DATAPATH_FLAGS)
 
 # Pod start-up on the dev cluster: emptyDir vs a podvol CSI inline volume vs a
@@ -163,7 +167,7 @@ bench-datapath:
 # pod with its teardown): STARTUP_FLAGS='-pods 40 -pods-one 40 -burst 20
 # -rounds 2' (go run ./bench/startup -h).
 STARTUP_FLAGS ?=
-bench-startup:
+bench-startup: ## pod start-up on the dev cluster, by volume kind (root)
 	flock -o $(CONFORMANCE_LOCK) $(GO) run ./bench/startup $(STARTUP_FLAGS)
 
 # Kubernetes' external-storage e2e suite (v1.37.2, built unchanged from Go
@@ -173,11 +177,11 @@ bench-startup:
 # Needs root. The dev cluster is one per machine: its users take this lock
 # (-o: the cluster's processes, if this run starts them, must not inherit it).
 CONFORMANCE_LOCK ?= /tmp/podvol-devcluster.lock
-conformance:
+conformance: ## Kubernetes' external-storage suite on the dev cluster (root)
 	tools/e2e/build.sh >/dev/null
 	flock -o $(CONFORMANCE_LOCK) $(GO) run ./test/conformance
 
 # The suite's [Slow] specs, likewise.
-conformance-slow:
+conformance-slow: ## the suite's [Slow] specs, likewise (root)
 	tools/e2e/build.sh >/dev/null
 	flock -o $(CONFORMANCE_LOCK) $(GO) run ./test/conformance -slow

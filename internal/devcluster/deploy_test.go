@@ -54,6 +54,7 @@ func TestLoopMountsBut(t *testing.T) {
 30 22 7:3 / /var/lib/podvol-dev/nodes/1/pool rw,relatime - xfs /dev/loop3 rw
 31 22 7:4 / /var/lib/podvol-dev/nodes/2/pool rw,relatime - xfs /dev/loop4 rw
 40 22 7:9 / /tmp/podvol-test-1/pods/pv\040one-mount rw,relatime - xfs /dev/loop9 rw,discard
+43 22 7:3 / /var/lib/podvol rw,relatime - xfs /dev/loop3 rw
 41 22 0:50 / /dev/shm rw - tmpfs tmpfs rw
 42 22 7:1 / / rw - ext4 /dev/loop1 rw
 `

@@ -645,10 +645,13 @@ func (n *Node) Fetch(ctx context.Context, url string) (string, error) {
 }
 
 // loopMountsBut lists the mount points in mountinfo (the format of
-// /proc/self/mountinfo) whose source is a loop device, but keep and the
-// root, outermost first.
+// /proc/self/mountinfo) whose source is a loop device, but the root and
+// the mounts of the device mounted at keep (the pool, and its bind mounts
+// at the paths deploy/base names), outermost first.
 func loopMountsBut(mountinfo, keep string) []string {
-	var out []string
+	type mount struct{ point, source string }
+	var loops []mount
+	keepSource := ""
 	for _, l := range strings.Split(mountinfo, "\n") {
 		pre, post, ok := strings.Cut(l, " - ")
 		f, g := strings.Fields(pre), strings.Fields(post)
@@ -656,11 +659,17 @@ func loopMountsBut(mountinfo, keep string) []string {
 			continue
 		}
 		// Spaces and the like come octal-escaped (\040).
-		point := unescapeMountinfo(f[4])
-		if point == "/" || point == keep {
-			continue
+		m := mount{unescapeMountinfo(f[4]), g[1]}
+		if m.point == keep {
+			keepSource = m.source
 		}
-		out = append(out, point)
+		loops = append(loops, m)
+	}
+	var out []string
+	for _, m := range loops {
+		if m.point != "/" && m.source != keepSource {
+			out = append(out, m.point)
+		}
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/size"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -265,6 +266,6 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 	return &csi.GetCapacityResponse{
 		AvailableCapacity: free,
 		MaximumVolumeSize: wrapperspb.Int64(free),
-		MinimumVolumeSize: wrapperspb.Int64(pool.MinSize(fs)),
+		MinimumVolumeSize: wrapperspb.Int64(size.MinSize(fs)),
 	}, nil
 }

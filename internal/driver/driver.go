@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/names"
@@ -71,17 +72,17 @@ func toStatus(err error) error {
 	}
 	code := codes.Internal
 	switch {
-	case errors.Is(err, pool.ErrNotFound):
+	case errors.Is(err, errkind.ErrNotFound):
 		code = codes.NotFound
-	case errors.Is(err, pool.ErrConflict):
+	case errors.Is(err, errkind.ErrConflict):
 		code = codes.AlreadyExists
-	case errors.Is(err, pool.ErrNoSpace):
+	case errors.Is(err, errkind.ErrNoSpace):
 		code = codes.ResourceExhausted
-	case errors.Is(err, pool.ErrInUse), errors.Is(err, pool.ErrNotStaged), errors.Is(err, pool.ErrUnusable), errors.Is(err, pool.ErrElsewhere):
+	case errors.Is(err, errkind.ErrInUse), errors.Is(err, errkind.ErrNotStaged), errors.Is(err, errkind.ErrUnusable), errors.Is(err, errkind.ErrElsewhere):
 		code = codes.FailedPrecondition
-	case errors.Is(err, pool.ErrOutOfRange):
+	case errors.Is(err, errkind.ErrOutOfRange):
 		code = codes.OutOfRange
-	case errors.Is(err, pool.ErrInvalid):
+	case errors.Is(err, errkind.ErrInvalid):
 		code = codes.InvalidArgument
 	}
 	return status.Error(code, err.Error())

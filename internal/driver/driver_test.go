@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
 )
 
 func TestToStatus(t *testing.T) {
@@ -17,18 +17,18 @@ func TestToStatus(t *testing.T) {
 		err  error
 		code codes.Code
 	}{
-		{wrap(pool.ErrNotFound), codes.NotFound},
-		{wrap(pool.ErrConflict), codes.AlreadyExists},
-		{wrap(pool.ErrNoSpace), codes.ResourceExhausted},
-		{wrap(pool.ErrInUse), codes.FailedPrecondition},
-		{wrap(pool.ErrUnusable), codes.FailedPrecondition},
-		{wrap(pool.ErrOutOfRange), codes.OutOfRange},
-		{wrap(pool.ErrInvalid), codes.InvalidArgument},
+		{wrap(errkind.ErrNotFound), codes.NotFound},
+		{wrap(errkind.ErrConflict), codes.AlreadyExists},
+		{wrap(errkind.ErrNoSpace), codes.ResourceExhausted},
+		{wrap(errkind.ErrInUse), codes.FailedPrecondition},
+		{wrap(errkind.ErrUnusable), codes.FailedPrecondition},
+		{wrap(errkind.ErrOutOfRange), codes.OutOfRange},
+		{wrap(errkind.ErrInvalid), codes.InvalidArgument},
 		{errors.New("mount: boom"), codes.Internal},
-		{wrap(pool.ErrUnaccounted), codes.Internal},
+		{wrap(errkind.ErrUnaccounted), codes.Internal},
 		// Doubly wrapped, and joined with a cause that is not a kind.
-		{fmt.Errorf("publish: %w", wrap(pool.ErrInUse)), codes.FailedPrecondition},
-		{fmt.Errorf("grow: %w: %w", errors.New("resize2fs: EPERM"), pool.ErrInUse), codes.FailedPrecondition},
+		{fmt.Errorf("publish: %w", wrap(errkind.ErrInUse)), codes.FailedPrecondition},
+		{fmt.Errorf("grow: %w: %w", errors.New("resize2fs: EPERM"), errkind.ErrInUse), codes.FailedPrecondition},
 		// A status made above is passed through untouched.
 		{status.Error(codes.Unavailable, "API unreachable"), codes.Unavailable},
 	} {

@@ -19,6 +19,7 @@ import (
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/size"
 )
 
 // The driver on the fake machine: the CSI calls end to end, without root.
@@ -48,7 +49,7 @@ func newFakeNodeNamed(t *testing.T, nodeID string, reflink bool) *fakeNode {
 	}
 	dev := devicetest.New()
 	dev.SetReflink(reflink)
-	p, err := pool.Open(pool.Config{Dir: filepath.Join(dir, "pool"), Capacity: 10 * pool.GiB, Device: dev})
+	p, err := pool.Open(pool.Config{Dir: filepath.Join(dir, "pool"), Capacity: 10 * size.GiB, Device: dev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +62,7 @@ func newFakeNodeNamed(t *testing.T, nodeID string, reflink bool) *fakeNode {
 	kubelet := filepath.Join(dir, "kubelet")
 	locks := &keylock.Locks{}
 	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: kubelet, Device: dev, Locks: locks}
-	d := New(Config{NodeID: nodeID, Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: pool.GiB})
+	d := New(Config{NodeID: nodeID, Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: size.GiB})
 	return &fakeNode{t: t, d: d, dev: dev, kubelet: kubelet}
 }
 

@@ -9,13 +9,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/size"
 )
 
 // TestSizeLimits pins the answers the plugin gives for the sizes of issue 10.
 func TestSizeLimits(t *testing.T) {
-	const MiB = pool.MiB
+	const MiB = size.MiB
 	cases := []struct {
 		req, lim int64
 		want     int64
@@ -26,7 +25,7 @@ func TestSizeLimits(t *testing.T) {
 		{math.MaxInt64 - MiB + 2, math.MaxInt64, 0, codes.OutOfRange}, // a 4 KiB size would fit the limit, not the maximum
 		{size.Max - MiB + 1, 0, size.Max, codes.OK},
 		{size.Max, math.MaxInt64, size.Max, codes.OK},
-		{0, math.MaxInt64, pool.DefaultVolumeSize, codes.OK},
+		{0, math.MaxInt64, size.DefaultVolumeSize, codes.OK},
 		{100*MiB + 1, math.MaxInt64, 101 * MiB, codes.OK},
 	}
 	for _, c := range cases {
@@ -35,7 +34,7 @@ func TestSizeLimits(t *testing.T) {
 			t.Errorf("sizeFor(%d, %d) = %d, %v; want %d, %s", c.req, c.lim, got, err, c.want, c.code)
 		}
 	}
-	got, err := sizeUpTo(&csi.CapacityRange{RequiredBytes: 2 * pool.GiB}, "ext4", pool.GiB)
+	got, err := sizeUpTo(&csi.CapacityRange{RequiredBytes: 2 * size.GiB}, "ext4", size.GiB)
 	if status.Code(err) != codes.OutOfRange || !strings.Contains(err.Error(), "1073741824") {
 		t.Errorf("2 GiB up to 1 GiB = %d, %v; want OUT_OF_RANGE naming the maximum", got, err)
 	}

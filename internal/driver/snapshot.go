@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/snaphandle"
@@ -89,7 +90,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		// keeps the content and retries, and its events say where to
 		// send it.
 		if err := d.cfg.Pool.DeleteHeldSnapshot(id); err != nil {
-			if errors.Is(err, pool.ErrElsewhere) {
+			if errors.Is(err, errkind.ErrElsewhere) {
 				return nil, status.Errorf(codes.FailedPrecondition, "snapshot %q names no node, and this node (%s) never held it: it is on another node. Label its VolumeSnapshotContent snapshot.storage.kubernetes.io/managed-by=<that node> so that that node's csi-snapshotter deletes it", req.GetSnapshotId(), d.cfg.NodeID)
 			}
 			return nil, toStatus(err)
@@ -133,7 +134,7 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 			return resp, nil
 		}
 		s, err := d.cfg.Pool.ReadySnapshot(id)
-		if errors.Is(err, pool.ErrNotFound) {
+		if errors.Is(err, errkind.ErrNotFound) {
 			return resp, nil
 		}
 		if err != nil {

@@ -8,23 +8,23 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/podvol/podvol/internal/names"
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/size"
 )
 
 func TestSizeFor(t *testing.T) {
-	const MiB = pool.MiB
+	const MiB = size.MiB
 	cases := []struct {
 		req, lim int64
 		fs       string
 		want     int64
 		code     codes.Code
 	}{
-		{0, 0, "ext4", pool.DefaultVolumeSize, codes.OK},
+		{0, 0, "ext4", size.DefaultVolumeSize, codes.OK},
 		{0, 100 * MiB, "ext4", 100 * MiB, codes.OK},
 		{1, 0, "ext4", 16 * MiB, codes.OK},
 		{20*MiB + 1, 0, "ext4", 21 * MiB, codes.OK},
 		{20*MiB + 1, 20*MiB + 4096, "ext4", 20*MiB + 4096, codes.OK}, // limit not a whole MiB
-		{0, 0, "xfs", pool.DefaultVolumeSize, codes.OK},
+		{0, 0, "xfs", size.DefaultVolumeSize, codes.OK},
 		{10 * MiB, 0, "xfs", 300 * MiB, codes.OK},
 		{0, 200 * MiB, "xfs", 0, codes.OutOfRange},
 		{5 * MiB, 4 * MiB, "ext4", 0, codes.OutOfRange},

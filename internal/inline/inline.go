@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
@@ -37,17 +38,14 @@ type Manager struct {
 	// Locks serialises work on one volume handle with the CSI calls about
 	// it (the plugin gives both the same Locks).
 	Locks *keylock.Locks
-	// Device is the mount table the targets are checked in; nil is the
-	// real one (device.Host).
+	// Device is the mount table the targets are checked in: device.Host{}
+	// for this machine, devicetest's fake in tests. Required: every call
+	// fails without it, so that a test that forgot its fake does not read
+	// and unmount the host's.
 	Device device.Mounts
 }
 
-func (m *Manager) mounts() device.Mounts {
-	if m.Device == nil {
-		return device.Host{}
-	}
-	return m.Device
-}
+var errNoDevice = errors.New("inline.Manager.Device is nil: set device.Host{} for this machine, or devicetest.New() in tests")
 
 // PublishRequest is a validated inline NodePublishVolume.
 type PublishRequest struct {
@@ -75,6 +73,9 @@ func (m *Manager) VolumeID(handle string) (string, bool) {
 // other volume), formats it and mounts it at the target. The caller holds
 // the handle's lock.
 func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
+	if m.Device == nil {
+		return errNoDevice
+	}
 	pod := r.Pod
 	pod.VolumeHandle = r.Handle
 	v, err := m.Pool.CreateVolume(ctx, pool.CreateRequest{Name: NamePrefix + r.Handle, SizeBytes: r.SizeBytes, FsType: r.FsType, Inline: &pod})
@@ -98,7 +99,7 @@ func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 			}
 		}
 	}
-	if err != nil && !errors.Is(err, pool.ErrConflict) {
+	if err != nil && !errors.Is(err, errkind.ErrConflict) {
 		// Nothing of a volume that could not be mounted is kept; kubelet
 		// retries the whole publish.
 		if derr := m.Pool.DeleteVolume(ctx, v.ID); derr != nil {
@@ -111,6 +112,9 @@ func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 // Unpublish unmounts and deletes the volume. An unknown handle is already
 // unpublished: kubelet retries an error forever (kubernetes#90752).
 func (m *Manager) Unpublish(ctx context.Context, handle, target string) error {
+	if m.Device == nil {
+		return errNoDevice
+	}
 	v, err := m.Pool.Store().VolumeByName(NamePrefix + handle)
 	if errors.Is(err, store.ErrNotFound) {
 		return m.removeUnmounted(target)
@@ -119,7 +123,7 @@ func (m *Manager) Unpublish(ctx context.Context, handle, target string) error {
 		return err
 	}
 	if v.Stage != nil && v.Stage.Path != target {
-		return fmt.Errorf("inline volume %s is mounted at %s, not %s: %w", handle, v.Stage.Path, target, pool.ErrNotFound)
+		return fmt.Errorf("inline volume %s is mounted at %s, not %s: %w", handle, v.Stage.Path, target, errkind.ErrNotFound)
 	}
 	return m.remove(ctx, v)
 }
@@ -137,9 +141,9 @@ func (m *Manager) remove(ctx context.Context, v *store.Volume) error {
 }
 
 func (m *Manager) removeUnmounted(path string) error {
-	if mnt, err := m.mounts().MountedAt(path); err != nil || mnt != nil {
+	if mnt, err := m.Device.MountedAt(path); err != nil || mnt != nil {
 		if err == nil {
-			err = fmt.Errorf("%s still has %s mounted: %w", path, mnt.Source, pool.ErrInUse)
+			err = fmt.Errorf("%s still has %s mounted: %w", path, mnt.Source, errkind.ErrInUse)
 		}
 		return err
 	}
@@ -150,6 +154,9 @@ func (m *Manager) removeUnmounted(path string) error {
 // not mounted, or the pod's directory is gone from the kubelet root. A volume
 // whose target is mounted inside an existing pod directory is never touched.
 func (m *Manager) Collect(ctx context.Context) error {
+	if m.Device == nil {
+		return errNoDevice
+	}
 	vols, err := m.Pool.Store().Volumes()
 	if err != nil {
 		return err
@@ -181,10 +188,10 @@ func (m *Manager) collect(ctx context.Context, id, handle string) error {
 	}
 	klog.InfoS("Collecting inline volume", "volume", v.ID, "pod", v.Inline.PodNamespace+"/"+v.Inline.PodName, "podUID", v.Inline.PodUID, "reason", why)
 	if v.Stage != nil && v.Stage.State == store.Staged {
-		if mnt, _ := m.mounts().MountedAt(v.Stage.Path); mnt != nil {
+		if mnt, _ := m.Device.MountedAt(v.Stage.Path); mnt != nil {
 			// The pod directory is gone but our mount is still there
 			// (a kubelet that removed the directory without us).
-			if err := m.mounts().Unmount(v.Stage.Path); err != nil {
+			if err := m.Device.Unmount(v.Stage.Path); err != nil {
 				return err
 			}
 		}
@@ -209,7 +216,7 @@ func (m *Manager) unused(v *store.Volume) string {
 			return "the pod's directory " + podDir + " is gone"
 		}
 	}
-	if mnt, err := m.mounts().MountedAt(s.Path); err == nil && mnt == nil {
+	if mnt, err := m.Device.MountedAt(s.Path); err == nil && mnt == nil {
 		return "the target " + s.Path + " is not mounted any more"
 	}
 	return ""

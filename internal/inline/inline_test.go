@@ -5,14 +5,17 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/podvol/podvol/internal/device/devicetest"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/size"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -55,7 +58,7 @@ func (e *env) open(capacity int64) {
 func (e *env) restart() {
 	e.t.Helper()
 	must(e.t, e.pool.Close())
-	e.open(10 * pool.GiB)
+	e.open(10 * size.GiB)
 }
 
 func must(t *testing.T, err error) {
@@ -80,7 +83,7 @@ func (e *env) pod(name string) *pod {
 }
 
 func (e *env) publish(p *pod, mod ...func(*inline.PublishRequest)) error {
-	r := inline.PublishRequest{Handle: p.handle, TargetPath: p.target, SizeBytes: 64 * pool.MiB, FsType: "ext4",
+	r := inline.PublishRequest{Handle: p.handle, TargetPath: p.target, SizeBytes: 64 * size.MiB, FsType: "ext4",
 		Pod: store.Inline{PodUID: p.uid, PodName: "pod", PodNamespace: "ns"}}
 	for _, m := range mod {
 		m(&r)
@@ -129,8 +132,31 @@ func (e *env) volumes() int {
 	return len(vols)
 }
 
+// A Manager without a mount table refuses to work rather than read and
+// unmount the host's: a test that forgets the fake must fail, and nothing
+// is created.
+func TestManagerWithoutDeviceIsRefused(t *testing.T) {
+	e := newEnv(t, 10*size.GiB)
+	m := &inline.Manager{Pool: e.pool, Node: e.node, KubeletDir: e.kubelet, Locks: &keylock.Locks{}}
+	e.m = m
+	p := e.pod("a")
+	err := e.publish(p)
+	if err == nil || !strings.Contains(err.Error(), "Device") {
+		t.Fatalf("publish with no Device: %v", err)
+	}
+	if vols, _ := e.pool.Store().Volumes(); len(vols) != 0 {
+		t.Fatalf("the refused publish created %d volumes", len(vols))
+	}
+	if err := m.Unpublish(ctx, p.handle, p.target); err == nil || !strings.Contains(err.Error(), "Device") {
+		t.Fatalf("unpublish with no Device: %v", err)
+	}
+	if err := m.Collect(ctx); err == nil || !strings.Contains(err.Error(), "Device") {
+		t.Fatalf("collect with no Device: %v", err)
+	}
+}
+
 func TestPublishUnpublish(t *testing.T) {
-	e := newEnv(t, 10*pool.GiB)
+	e := newEnv(t, 10*size.GiB)
 	p := e.pod("a")
 	must(t, e.publish(p, func(r *inline.PublishRequest) { r.FsGroup = "3000" }))
 	id := e.published(p)
@@ -159,7 +185,7 @@ func TestPublishFailureLeavesNothing(t *testing.T) {
 		"fsGroup": func(e *env) { e.dev.FailNext(devicetest.SetGroup, errors.New("chown: boom")) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			e := newEnv(t, 10*pool.GiB)
+			e := newEnv(t, 10*size.GiB)
 			p := e.pod("a")
 			fail(e)
 			if err := e.publish(p, func(r *inline.PublishRequest) { r.FsGroup = "3000" }); err == nil {
@@ -193,12 +219,12 @@ func TestPublishFailureLeavesNothing(t *testing.T) {
 }
 
 func TestInlineSharesThePoolsCapacity(t *testing.T) {
-	e := newEnv(t, 1*pool.GiB)
-	_, err := e.pool.CreateVolume(ctx, pool.CreateRequest{Name: "pvc", SizeBytes: 961 * pool.MiB, FsType: "ext4"})
+	e := newEnv(t, 1*size.GiB)
+	_, err := e.pool.CreateVolume(ctx, pool.CreateRequest{Name: "pvc", SizeBytes: 961 * size.MiB, FsType: "ext4"})
 	must(t, err)
 	p := e.pod("a")
 	err = e.publish(p)
-	if !errors.Is(err, pool.ErrNoSpace) {
+	if !errors.Is(err, errkind.ErrNoSpace) {
 		t.Fatalf("publish beyond the pool: %v", err)
 	}
 	e.gone(p, "")
@@ -209,7 +235,7 @@ func TestInlineSharesThePoolsCapacity(t *testing.T) {
 
 // Collection removes inline volumes no pod uses any more, and only those.
 func TestCollect(t *testing.T) {
-	e := newEnv(t, 10*pool.GiB)
+	e := newEnv(t, 10*size.GiB)
 	podGone, unmounted, live := e.pod("gone"), e.pod("unmounted"), e.pod("live")
 	ids := map[*pod]string{}
 	for _, p := range []*pod{podGone, unmounted, live} {
@@ -245,7 +271,7 @@ func TestCollect(t *testing.T) {
 // target is still there, and the collector removes the volumes of pods that
 // went meanwhile.
 func TestCollectAfterReboot(t *testing.T) {
-	e := newEnv(t, 10*pool.GiB)
+	e := newEnv(t, 10*size.GiB)
 	stays, goes := e.pod("stays"), e.pod("goes")
 	must(t, e.publish(stays))
 	must(t, e.publish(goes))
@@ -266,7 +292,7 @@ func TestCollectAfterReboot(t *testing.T) {
 // A volume whose target lies outside --kubelet-dir is judged by its mount
 // alone: a wrong flag must not make a live volume look dead.
 func TestCollectOutsideKubeletDir(t *testing.T) {
-	e := newEnv(t, 10*pool.GiB)
+	e := newEnv(t, 10*size.GiB)
 	p := e.pod("a")
 	e.m.KubeletDir = filepath.Join(t.TempDir(), "elsewhere")
 	must(t, e.publish(p))

@@ -10,8 +10,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/failpoint"
-	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -31,21 +31,21 @@ func directPublication(v *store.Volume) (string, bool) {
 // left an empty directory.
 func (n *Node) publishDirect(ctx context.Context, v *store.Volume, r PublishRequest) error {
 	if n.direct == nil {
-		return fmt.Errorf("direct assignment is not configured on this plugin: %w", pool.ErrInvalid)
+		return fmt.Errorf("direct assignment is not configured on this plugin: %w", errkind.ErrInvalid)
 	}
 	if !r.Exclusive {
-		return fmt.Errorf("volume %s: a direct-assigned volume must be ReadWriteOncePod (SINGLE_NODE_SINGLE_WRITER): two guests must never mount one filesystem: %w", v.ID, pool.ErrInUse)
+		return fmt.Errorf("volume %s: a direct-assigned volume must be ReadWriteOncePod (SINGLE_NODE_SINGLE_WRITER): two guests must never mount one filesystem: %w", v.ID, errkind.ErrInUse)
 	}
 	if p, ok := v.Publications[r.TargetPath]; ok && p.State == store.Published {
 		if !p.Direct {
-			return fmt.Errorf("volume %s is already mounted on the host at %s: %w", v.ID, r.TargetPath, pool.ErrConflict)
+			return fmt.Errorf("volume %s is already mounted on the host at %s: %w", v.ID, r.TargetPath, errkind.ErrConflict)
 		}
 		if directvolume.Exists(n.direct.Root, r.TargetPath) {
 			return nil
 		}
 	}
 	if live := n.livePublications(v); len(live) > 0 && !(len(live) == 1 && live[0] == r.TargetPath) {
-		return fmt.Errorf("volume %s is already published at %v: a direct-assigned volume has one user: %w", v.ID, live, pool.ErrInUse)
+		return fmt.Errorf("volume %s is already published at %v: a direct-assigned volume has one user: %w", v.ID, live, errkind.ErrInUse)
 	}
 	if err := parentExists(r.TargetPath); err != nil {
 		return err
@@ -134,11 +134,11 @@ func (n *Node) undoDirect(ctx context.Context, id, target string) error {
 	return err
 }
 
-// directStats asks the runtime for a direct-assigned volume's usage.
-func (n *Node) directStats(ctx context.Context, v *store.Volume, target string) (Stats, error) {
-	st, err := n.direct.Stats(ctx, target, v.Stage.Device)
+// stats of a microVM's volume: the runtime asks the guest.
+func (m microVM) stats(ctx context.Context, v *store.Volume, _ string) (Stats, error) {
+	st, err := m.n.direct.Stats(ctx, m.target, v.Stage.Device)
 	if errors.Is(err, directvolume.ErrNoSandbox) {
-		return Stats{}, fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: no stats until it starts: %w", v.ID, pool.ErrInUse)
+		return Stats{}, fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: no stats until it starts: %w", v.ID, errkind.ErrInUse)
 	}
 	if err != nil {
 		return Stats{}, err
@@ -160,10 +160,10 @@ func (n *Node) directStats(ctx context.Context, v *store.Volume, target string) 
 func (n *Node) resizeDirect(ctx context.Context, v *store.Volume, target string) error {
 	err := n.direct.Resize(ctx, target, v.Stage.Device, v.SizeBytes)
 	if errors.Is(err, directvolume.ErrNoSandbox) {
-		return fmt.Errorf("volume %s grew to %d bytes, but the microVM it is assigned to is not running in a sandbox yet to grow its filesystem: %w", v.ID, v.SizeBytes, pool.ErrInUse)
+		return fmt.Errorf("volume %s grew to %d bytes, but the microVM it is assigned to is not running in a sandbox yet to grow its filesystem: %w", v.ID, v.SizeBytes, errkind.ErrInUse)
 	}
 	if err != nil {
-		return fmt.Errorf("volume %s grew to %d bytes on the host, but growing it in the guest failed (Kata's agent does not implement online resize of direct volumes yet; stop the pod and the filesystem grows at the next host stage): %w: %w", v.ID, v.SizeBytes, err, pool.ErrInUse)
+		return fmt.Errorf("volume %s grew to %d bytes on the host, but growing it in the guest failed (Kata's agent does not implement online resize of direct volumes yet; stop the pod and the filesystem grows at the next host stage): %w: %w", v.ID, v.SizeBytes, err, errkind.ErrInUse)
 	}
 	return nil
 }
@@ -172,7 +172,31 @@ func (n *Node) resizeDirect(ctx context.Context, v *store.Volume, target string)
 func gid(s string) (int, error) {
 	g, err := strconv.Atoi(s)
 	if err != nil || g < 0 {
-		return 0, fmt.Errorf("volume mount group %q is not a numeric group id: %w", s, pool.ErrInvalid)
+		return 0, fmt.Errorf("volume mount group %q is not a numeric group id: %w", s, errkind.ErrInvalid)
 	}
 	return g, nil
+}
+
+// scanDirect looks at every direct-volume entry: podvol's own were recovered
+// above with their volumes; anything else belongs to another driver and is
+// left alone.
+func (n *Node) scanDirect(vols []*store.Volume) {
+	targets, err := directvolume.Scan(n.direct.Root)
+	if err != nil {
+		klog.ErrorS(err, "Reading the direct-volume directory", "root", n.direct.Root)
+		return
+	}
+	ours := map[string]bool{}
+	for _, v := range vols {
+		for t, p := range v.Publications {
+			if p.Direct {
+				ours[t] = true
+			}
+		}
+	}
+	for _, t := range targets {
+		if !ours[t] {
+			klog.V(2).InfoS("Leaving a direct-volume entry podvol did not write", "target", t)
+		}
+	}
 }

@@ -11,8 +11,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/failpoint"
-	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -27,7 +27,7 @@ func (n *Node) Expand(ctx context.Context, id, path string, size int64) (int64, 
 	}
 	if s := v.Stage; s != nil {
 		if _, published := v.Publications[path]; !published && path != s.Path {
-			return 0, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, pool.ErrNotFound)
+			return 0, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, errkind.ErrNotFound)
 		}
 	}
 	if v, err = n.pool.GrowVolume(id, size); err != nil {
@@ -40,36 +40,39 @@ func (n *Node) Expand(ctx context.Context, id, path string, size int64) (int64, 
 	if err := n.dev.LoopSetCapacity(s.Device); err != nil {
 		return 0, err
 	}
-	if t, direct := directPublication(v); direct {
-		taken, err := n.sandboxTook(t)
-		if err != nil {
-			return 0, err
-		}
-		if taken {
-			// The filesystem is the guest's: only the runtime can grow it.
-			if err := n.resizeDirect(ctx, v, t); err != nil {
-				return 0, err
-			}
-			return v.SizeBytes, n.pool.FsGrown(id)
-		}
-		// Assigned, but no sandbox has taken it yet: kubelet calls
-		// NodeExpandVolume after NodePublishVolume and before it has the
-		// runtime create the pod's sandbox. Nothing mounts the filesystem,
-		// so it grows on the host now, and the guest boots with it.
-		if !s.Block && v.GrowFs {
-			if err := n.growAssigned(ctx, v); err != nil {
-				return 0, err
-			}
-		}
-		return v.SizeBytes, n.pool.FsGrown(id)
-	}
-	if s.Block || !v.GrowFs {
-		return v.SizeBytes, n.pool.FsGrown(id)
-	}
-	if err := n.growMounted(ctx, v); err != nil {
+	if err := n.handoverOf(v).grow(ctx, v); err != nil {
 		return 0, err
 	}
 	return v.SizeBytes, n.pool.FsGrown(id)
+}
+
+// grow of a host mount: the staged filesystem, if it is to grow.
+func (h hostMount) grow(ctx context.Context, v *store.Volume) error {
+	if h.block || !v.GrowFs {
+		return nil
+	}
+	return h.n.growMounted(ctx, v)
+}
+
+// grow of a microVM's volume: by the runtime once a sandbox has it, else
+// on the host before the guest boots.
+func (m microVM) grow(ctx context.Context, v *store.Volume) error {
+	taken, err := m.n.sandboxTook(m.target)
+	if err != nil {
+		return err
+	}
+	if taken {
+		// The filesystem is the guest's: only the runtime can grow it.
+		return m.n.resizeDirect(ctx, v, m.target)
+	}
+	// Assigned, but no sandbox has taken it yet: kubelet calls
+	// NodeExpandVolume after NodePublishVolume and before it has the
+	// runtime create the pod's sandbox. Nothing mounts the filesystem,
+	// so it grows on the host now, and the guest boots with it.
+	if !v.Stage.Block && v.GrowFs {
+		return m.n.growAssigned(ctx, v)
+	}
+	return nil
 }
 
 // growMounted grows the filesystem of a staged volume. xfs grows online.
@@ -94,7 +97,7 @@ func (n *Node) growMounted(ctx context.Context, v *store.Volume) error {
 		return n.dev.Mount(ctx, s.Device, s.Path, v.FsType, n.stagingOptions(v.FsType, s.MountFlags))
 	}
 	if err := n.dev.GrowOnline(ctx, v.FsType, s.Device, s.Path); err != nil {
-		return fmt.Errorf("grow the mounted %s filesystem of volume %s: %w; the image is grown, and the filesystem will be grown when the volume is next staged (restart the pod): %w", v.FsType, v.ID, err, pool.ErrInUse)
+		return fmt.Errorf("grow the mounted %s filesystem of volume %s: %w; the image is grown, and the filesystem will be grown when the volume is next staged (restart the pod): %w", v.FsType, v.ID, err, errkind.ErrInUse)
 	}
 	return nil
 }
@@ -104,7 +107,7 @@ func (n *Node) growMounted(ctx context.Context, v *store.Volume) error {
 // does. A directory that is gone has no sandbox either.
 func (n *Node) sandboxTook(target string) (bool, error) {
 	if n.direct == nil {
-		return false, fmt.Errorf("direct assignment is not configured on this plugin: %w", pool.ErrInvalid)
+		return false, fmt.Errorf("direct assignment is not configured on this plugin: %w", errkind.ErrInvalid)
 	}
 	id, err := directvolume.Sandbox(n.direct.Root, target)
 	if errors.Is(err, os.ErrNotExist) {
@@ -123,19 +126,19 @@ func (n *Node) sandboxTook(target string) (bool, error) {
 func (n *Node) growAssigned(ctx context.Context, v *store.Volume) error {
 	dev := v.Stage.Device
 	if !n.dev.LoopServes(dev, n.pool.ImagePath(v.ID)) {
-		return fmt.Errorf("volume %s: %s no longer serves its image; unpublish and unstage it, and stage it again: %w", v.ID, dev, pool.ErrNotStaged)
+		return fmt.Errorf("volume %s: %s no longer serves its image; unpublish and unstage it, and stage it again: %w", v.ID, dev, errkind.ErrNotStaged)
 	}
 	if mnts, err := n.dev.MountsOf(dev); err != nil {
 		return err
 	} else if len(mnts) > 0 {
-		return fmt.Errorf("volume %s is assigned to a microVM, yet %s is mounted at %v: not growing a mounted filesystem behind its back: %w", v.ID, dev, mnts, pool.ErrInUse)
+		return fmt.Errorf("volume %s is assigned to a microVM, yet %s is mounted at %v: not growing a mounted filesystem behind its back: %w", v.ID, dev, mnts, errkind.ErrInUse)
 	}
 	found, err := n.dev.Probe(ctx, dev)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
 	if found != v.FsType {
-		return fmt.Errorf("volume %s holds %q, not %s: refusing to grow it: %w", v.ID, found, v.FsType, pool.ErrInvalid)
+		return fmt.Errorf("volume %s holds %q, not %s: refusing to grow it: %w", v.ID, found, v.FsType, errkind.ErrInvalid)
 	}
 	klog.InfoS("Growing the filesystem of a volume assigned to a microVM that has not started yet", "volume", v.ID, "fsType", v.FsType, "device", dev)
 	return n.growUnmounted(ctx, v, dev)
@@ -154,7 +157,7 @@ func (n *Node) growUnmounted(ctx context.Context, v *store.Volume, dev string) e
 	case "xfs":
 		err = n.growAtPrivateMount(ctx, v, dev)
 	default:
-		err = fmt.Errorf("cannot grow %s: %w", v.FsType, pool.ErrInvalid)
+		err = fmt.Errorf("cannot grow %s: %w", v.FsType, errkind.ErrInvalid)
 	}
 	if err != nil {
 		return fmt.Errorf("grow filesystem of volume %s: %w", v.ID, err)
@@ -176,7 +179,7 @@ func (n *Node) growAtPrivateMount(ctx context.Context, v *store.Volume, dev stri
 		return err
 	}
 	if !isDir(dir) {
-		return fmt.Errorf("%s is not a directory: %w", dir, pool.ErrUnusable)
+		return fmt.Errorf("%s is not a directory: %w", dir, errkind.ErrUnusable)
 	}
 	mnt := filepath.Join(dir, v.ID)
 	if err := n.removeGrowMount(mnt); err != nil {

@@ -9,7 +9,8 @@ import (
 
 	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/directvolume"
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/size"
 )
 
 // Growth of a direct-assigned volume in kubelet's order: published, then
@@ -23,9 +24,9 @@ func TestExpandAssignedBeforeSandbox(t *testing.T) {
 		v := e.volume(fs)
 		e.stage(v)
 		must(t, e.publish(v, v.target, direct))
-		size, err := e.node.Expand(ctx, v.ID, v.target, 768*pool.MiB)
-		if err != nil || size != 768*pool.MiB {
-			t.Fatalf("%s: expand before the sandbox: %d, %v", fs, size, err)
+		got, err := e.node.Expand(ctx, v.ID, v.target, 768*size.MiB)
+		if err != nil || got != 768*size.MiB {
+			t.Fatalf("%s: expand before the sandbox: %d, %v", fs, got, err)
 		}
 		if m := e.dev.MountTable(); len(m) != 0 {
 			t.Fatalf("%s: mounts left while assigned: %+v", fs, m)
@@ -37,15 +38,15 @@ func TestExpandAssignedBeforeSandbox(t *testing.T) {
 			t.Fatalf("%s: growth still pending", fs)
 		}
 		// Repeated: nothing to do, the same answer.
-		if size, err := e.node.Expand(ctx, v.ID, v.target, 768*pool.MiB); err != nil || size != 768*pool.MiB {
-			t.Fatalf("%s: repeated expand: %d, %v", fs, size, err)
+		if got, err := e.node.Expand(ctx, v.ID, v.target, 768*size.MiB); err != nil || got != 768*size.MiB {
+			t.Fatalf("%s: repeated expand: %d, %v", fs, got, err)
 		}
 
 		// A sandbox has taken it: the runtime's business; here no shim
 		// answers, so the refusal of old.
 		must(t, os.WriteFile(filepath.Join(directvolume.Dir(e.shim.Root, v.target), "sandbox-1"), nil, 0o600))
-		_, err = e.node.Expand(ctx, v.ID, v.target, pool.GiB)
-		wantErr(t, err, pool.ErrInUse, fs+": growth once a sandbox has the volume")
+		_, err = e.node.Expand(ctx, v.ID, v.target, size.GiB)
+		wantErr(t, err, errkind.ErrInUse, fs+": growth once a sandbox has the volume")
 		if !strings.Contains(err.Error(), "not running in a sandbox yet") {
 			t.Fatalf("%s: %v", fs, err)
 		}
@@ -58,7 +59,7 @@ func TestExpandAssignedBeforeSandbox(t *testing.T) {
 
 		// The assignment ends: the host stage grows what the guest could not.
 		must(t, e.node.Unpublish(ctx, v.ID, v.target))
-		if st, _ := e.dev.Statfs(v.staging); st.TotalBytes != pool.GiB {
+		if st, _ := e.dev.Statfs(v.staging); st.TotalBytes != size.GiB {
 			t.Fatalf("%s: filesystem is %d bytes after the assignment", fs, st.TotalBytes)
 		}
 		must(t, e.node.Unstage(ctx, v.ID, v.staging))
@@ -75,7 +76,7 @@ func TestExpandAssignedXFSFailureAndRecovery(t *testing.T) {
 	dev := e.stage(v)
 	must(t, e.publish(v, v.target, direct))
 	e.dev.FailNext(devicetest.GrowOnline, errors.New("xfs_growfs: boom"))
-	_, err := e.node.Expand(ctx, v.ID, v.target, 768*pool.MiB)
+	_, err := e.node.Expand(ctx, v.ID, v.target, 768*size.MiB)
 	if err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("expand with a failing xfs_growfs: %v", err)
 	}
@@ -85,9 +86,9 @@ func TestExpandAssignedXFSFailureAndRecovery(t *testing.T) {
 	if r := e.record(v.ID); !r.GrowFs {
 		t.Fatal("the failed growth is not pending")
 	}
-	size, err := e.node.Expand(ctx, v.ID, v.target, 768*pool.MiB)
-	if err != nil || size != 768*pool.MiB {
-		t.Fatalf("retry: %d, %v", size, err)
+	got, err := e.node.Expand(ctx, v.ID, v.target, 768*size.MiB)
+	if err != nil || got != 768*size.MiB {
+		t.Fatalf("retry: %d, %v", got, err)
 	}
 
 	// What a crash at the private mount leaves: the mount.

@@ -13,6 +13,7 @@ import (
 	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/size"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -48,7 +49,7 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) open() {
 	e.t.Helper()
-	p, err := pool.Open(pool.Config{Dir: e.poolDir, Capacity: 100 * pool.GiB, Device: e.dev})
+	p, err := pool.Open(pool.Config{Dir: e.poolDir, Capacity: 100 * size.GiB, Device: e.dev})
 	must(e.t, err)
 	e.pool, e.node = p, node.New(p, e.shim, e.dev)
 }
@@ -96,7 +97,7 @@ type volume struct {
 
 func (e *env) volume(fsType string) *volume {
 	e.t.Helper()
-	v := e.create(fsType, 512*pool.MiB)
+	v := e.create(fsType, 512*size.MiB)
 	return &volume{Volume: v, staging: e.stagingPath(v.ID), target: e.targetPath()}
 }
 

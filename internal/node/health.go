@@ -7,7 +7,7 @@ import (
 	"os"
 
 	"github.com/podvol/podvol/internal/directvolume"
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -64,23 +64,35 @@ func (n *Node) Health(ctx context.Context, id string, viaRuntime bool) ([]Condit
 		add(Inaccessible, "LoopDeviceMismatch", "loop device %s now serves %s, not this volume's image: something outside podvol reused it; restart the pod to stage the volume again", s.Device, backing)
 		return cs, nil
 	}
-	if t, direct := directPublication(v); direct {
-		if !viaRuntime {
-			return cs, nil
-		}
-		st, err := n.direct.Stats(ctx, t, s.Device)
-		switch {
-		case errors.Is(err, directvolume.ErrNoSandbox):
-			return nil, fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: %w", v.ID, pool.ErrInUse)
-		case err != nil:
-			add(Inaccessible, "RuntimeUnreachable", "the runtime holding volume %s did not answer: %v", v.ID, err)
-		case st.Condition != nil && (st.Condition.Abnormal || (st.Condition.Message != "" && st.Condition.Message != "OK")):
-			add(Degraded, "RuntimeReportsAbnormal", "the guest reports: %s", st.Condition.Message)
-		}
-		return cs, nil
+	if err := n.handoverOf(v).health(ctx, v, viaRuntime, add); err != nil {
+		return nil, err
 	}
+	return cs, nil
+}
+
+// health of a microVM's volume: what the runtime says of it, if asked.
+func (m microVM) health(ctx context.Context, v *store.Volume, viaRuntime bool, add addCondition) error {
+	if !viaRuntime {
+		return nil
+	}
+	st, err := m.n.direct.Stats(ctx, m.target, v.Stage.Device)
+	switch {
+	case errors.Is(err, directvolume.ErrNoSandbox):
+		return fmt.Errorf("volume %s is assigned to a microVM that is not running in a sandbox yet: %w", v.ID, errkind.ErrInUse)
+	case err != nil:
+		add(Inaccessible, "RuntimeUnreachable", "the runtime holding volume %s did not answer: %v", v.ID, err)
+	case st.Condition != nil && (st.Condition.Abnormal || (st.Condition.Message != "" && st.Condition.Message != "OK")):
+		add(Degraded, "RuntimeReportsAbnormal", "the guest reports: %s", st.Condition.Message)
+	}
+	return nil
+}
+
+// health of a host mount: the staging mount, its filesystem and the
+// targets' mounts.
+func (h hostMount) health(_ context.Context, v *store.Volume, _ bool, add addCondition) error {
+	n, s := h.n, v.Stage
 	if s.Block {
-		return cs, nil
+		return nil
 	}
 	m, err := n.dev.MountedAt(s.Path)
 	switch {
@@ -106,7 +118,7 @@ func (n *Node) Health(ctx context.Context, id string, viaRuntime bool) ([]Condit
 			add(Inaccessible, "PublishMountMissing", "the volume is no longer mounted at %s: restart the pod", t)
 		}
 	}
-	return cs, nil
+	return nil
 }
 
 func hasFlag(flags []string, f string) bool {

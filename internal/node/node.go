@@ -19,6 +19,7 @@ import (
 
 	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
@@ -69,11 +70,12 @@ type refusals struct {
 }
 
 // New returns a Node for p. direct configures Kata direct assignment; nil
-// turns it off. dev is the machine the volumes are attached and mounted on;
-// nil is the real one (device.Host).
+// turns it off. dev is the machine the volumes are attached and mounted on:
+// device.Host{} for this one, devicetest's fake in tests. A nil dev panics,
+// so that a test that forgot its fake fails instead of acting on the host.
 func New(p *pool.Pool, direct *directvolume.Shim, dev device.Interface) *Node {
 	if dev == nil {
-		dev = device.Host{}
+		panic("node.New: the device is nil: pass device.Host{} for this machine, or devicetest.New() in tests")
 	}
 	return &Node{pool: p, store: p.Store(), direct: direct, dev: dev}
 }
@@ -113,7 +115,7 @@ func (n *Node) Stage(ctx context.Context, r StageRequest) error {
 	}
 	if s := v.Stage; s != nil && s.State == store.Staged {
 		if s.Path != r.StagingPath || s.Block != r.Block {
-			return fmt.Errorf("volume %s is already staged at %s (block=%v): %w", v.ID, s.Path, s.Block, pool.ErrConflict)
+			return fmt.Errorf("volume %s is already staged at %s (block=%v): %w", v.ID, s.Path, s.Block, errkind.ErrConflict)
 		}
 		if n.stageIntact(v) {
 			return nil
@@ -122,7 +124,7 @@ func (n *Node) Stage(ctx context.Context, r StageRequest) error {
 		// unmount): stage again below.
 	}
 	if r.FsType != "" && r.FsType != v.FsType && !r.Block {
-		return fmt.Errorf("volume %s was created for %s, the capability asks for %s: %w", v.ID, v.FsType, r.FsType, pool.ErrInvalid)
+		return fmt.Errorf("volume %s was created for %s, the capability asks for %s: %w", v.ID, v.FsType, r.FsType, errkind.ErrInvalid)
 	}
 	if _, err := n.store.Update(v.ID, func(v *store.Volume) error {
 		v.Stage = &store.Stage{Path: r.StagingPath, Block: r.Block, MountFlags: r.MountFlags, State: store.Staging}
@@ -259,7 +261,7 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 		if m.Source == dev {
 			return nil
 		}
-		return fmt.Errorf("staging path %s already has %s mounted: %w", path, m.Source, pool.ErrConflict)
+		return fmt.Errorf("staging path %s already has %s mounted: %w", path, m.Source, errkind.ErrConflict)
 	}
 	found, err := n.dev.Probe(ctx, dev)
 	if err != nil {
@@ -288,7 +290,7 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 			v.GrowFs = false
 		}
 	default:
-		return fmt.Errorf("volume %s holds %s, not %s: refusing to mount or format it: %w", v.ID, found, v.FsType, pool.ErrInvalid)
+		return fmt.Errorf("volume %s holds %s, not %s: refusing to mount or format it: %w", v.ID, found, v.FsType, errkind.ErrInvalid)
 	}
 	if err := os.MkdirAll(path, 0o750); err != nil {
 		return fmt.Errorf("create staging path: %w", err)
@@ -311,7 +313,7 @@ func (n *Node) stageIntact(v *store.Volume) bool {
 	if !n.dev.LoopServes(s.Device, n.pool.ImagePath(v.ID)) {
 		return false
 	}
-	if _, direct := directPublication(v); s.Block || direct {
+	if !n.handoverOf(v).mountsStaging() {
 		// A direct-assigned volume is deliberately not mounted here.
 		return true
 	}
@@ -338,7 +340,7 @@ func (n *Node) ensureStaged(ctx context.Context, v *store.Volume) (*store.Volume
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("volume %s is no longer staged at %s and could not be staged again (%v): refusing to publish anything else in its place; unstage and stage it again: %w", id, path, err, pool.ErrNotStaged)
+		return nil, fmt.Errorf("volume %s is no longer staged at %s and could not be staged again (%v): refusing to publish anything else in its place; unstage and stage it again: %w", id, path, err, errkind.ErrNotStaged)
 	}
 	return v, nil
 }
@@ -353,10 +355,10 @@ func (n *Node) Unstage(ctx context.Context, id, stagingPath string) error {
 		return nil
 	}
 	if v.Stage.Path != stagingPath {
-		return fmt.Errorf("volume %s is staged at %s, not %s: %w", id, v.Stage.Path, stagingPath, pool.ErrNotFound)
+		return fmt.Errorf("volume %s is staged at %s, not %s: %w", id, v.Stage.Path, stagingPath, errkind.ErrNotFound)
 	}
 	if live := n.livePublications(v); len(live) > 0 {
-		return fmt.Errorf("volume %s is still published at %s: unpublish it first: %w", id, strings.Join(live, ", "), pool.ErrInUse)
+		return fmt.Errorf("volume %s is still published at %s: unpublish it first: %w", id, strings.Join(live, ", "), errkind.ErrInUse)
 	}
 	// The last chance to give back what the pod deleted while the volume
 	// is not in use. An inline volume's image is deleted next anyway.
@@ -390,7 +392,7 @@ func (n *Node) Trim(id string) (int64, error) {
 
 func (n *Node) trim(v *store.Volume) (int64, error) {
 	s := v.Stage
-	if _, direct := directPublication(v); s.Block || direct {
+	if !n.handoverOf(v).mountsStaging() {
 		return 0, nil
 	}
 	h, err := n.dev.OpenFilesystemOn(s.Path, s.Device)
@@ -463,7 +465,7 @@ func (n *Node) teardownStage(v *store.Volume) error {
 	}
 	for _, d := range devs {
 		if mnts, _ := n.dev.MountsOf(d); len(mnts) > 0 {
-			return fmt.Errorf("volume %s: %s is still mounted at %s: %w", v.ID, d, strings.Join(mnts, ", "), pool.ErrInUse)
+			return fmt.Errorf("volume %s: %s is still mounted at %s: %w", v.ID, d, strings.Join(mnts, ", "), errkind.ErrInUse)
 		}
 		if err := n.dev.DetachLoop(d, img); err != nil {
 			return err
@@ -482,14 +484,8 @@ func (n *Node) teardownStage(v *store.Volume) error {
 // targets that are.
 func (n *Node) livePublications(v *store.Volume) []string {
 	var live, stale []string
-	for t, p := range v.Publications {
-		alive := false
-		if p.Direct {
-			alive = n.direct != nil && directvolume.Exists(n.direct.Root, t)
-		} else if m, _ := n.dev.MountedAt(t); m != nil {
-			alive = true
-		}
-		if alive {
+	for t := range v.Publications {
+		if n.handoverAt(v, t).alive(t) {
 			live = append(live, t)
 		} else {
 			stale = append(stale, t)
@@ -526,7 +522,7 @@ func RemoveTarget(path string) error {
 		return nil
 	}
 	if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("target %s is not a mount point and not empty: leaving it alone: %w", path, pool.ErrInvalid)
+		return fmt.Errorf("target %s is not a mount point and not empty: leaving it alone: %w", path, errkind.ErrInvalid)
 	}
 	return fmt.Errorf("remove target %s: %w", path, err)
 }
@@ -534,7 +530,7 @@ func RemoveTarget(path string) error {
 // parentExists checks what the CSI spec makes the CO responsible for.
 func parentExists(path string) error {
 	if !isDir(filepath.Dir(path)) {
-		return fmt.Errorf("parent directory of %s does not exist: %w", path, pool.ErrNotFound)
+		return fmt.Errorf("parent directory of %s does not exist: %w", path, errkind.ErrNotFound)
 	}
 	return nil
 }

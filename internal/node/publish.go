@@ -12,8 +12,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/failpoint"
-	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -48,24 +48,25 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 	}
 	s := v.Stage
 	if s == nil || s.State != store.Staged || s.Path != r.StagingPath {
-		return fmt.Errorf("volume %s is not staged at %s: call NodeStageVolume first: %w", v.ID, r.StagingPath, pool.ErrNotStaged)
+		return fmt.Errorf("volume %s is not staged at %s: call NodeStageVolume first: %w", v.ID, r.StagingPath, errkind.ErrNotStaged)
 	}
 	if s.Block != r.Block {
-		return fmt.Errorf("volume %s is staged for %s access, publish asks for %s: %w", v.ID, accessName(s.Block), accessName(r.Block), pool.ErrInvalid)
+		return fmt.Errorf("volume %s is staged for %s access, publish asks for %s: %w", v.ID, accessName(s.Block), accessName(r.Block), errkind.ErrInvalid)
 	}
-	if r.Direct {
-		return n.publishDirect(ctx, v, r)
-	}
-	if t, direct := directPublication(v); direct && t != r.TargetPath {
-		return fmt.Errorf("volume %s is assigned to a microVM at %s: it cannot be mounted on the host meanwhile: %w", v.ID, t, pool.ErrInUse)
-	} else if !direct {
-		if v, err = n.ensureStaged(ctx, v); err != nil {
-			return err
-		}
+	return n.handoverFor(v, r).publish(ctx, v, r)
+}
+
+// publish by host mount: a bind of the staging mount, or of the loop
+// device, at the target.
+func (h hostMount) publish(ctx context.Context, v *store.Volume, r PublishRequest) error {
+	n := h.n
+	v, err := n.handoverOf(v).beforeHostPublish(ctx, v, r.TargetPath)
+	if err != nil {
+		return err
 	}
 	if p, ok := v.Publications[r.TargetPath]; ok && p.State == store.Published {
 		if p.ReadOnly != r.ReadOnly || p.Exclusive() != r.Exclusive {
-			return fmt.Errorf("volume %s is already published at %s with other options: %w", v.ID, r.TargetPath, pool.ErrConflict)
+			return fmt.Errorf("volume %s is already published at %s with other options: %w", v.ID, r.TargetPath, errkind.ErrConflict)
 		}
 		if m, _ := n.dev.MountedAt(r.TargetPath); m != nil {
 			return nil
@@ -77,7 +78,7 @@ func (n *Node) Publish(ctx context.Context, r PublishRequest) error {
 		}
 		if r.Exclusive || p.Exclusive() {
 			if m, _ := n.dev.MountedAt(t); m != nil {
-				return fmt.Errorf("volume %s is ReadWriteOncePod and already published at %s: %w", v.ID, t, pool.ErrInUse)
+				return fmt.Errorf("volume %s is ReadWriteOncePod and already published at %s: %w", v.ID, t, errkind.ErrInUse)
 			}
 		}
 	}
@@ -135,7 +136,7 @@ func (n *Node) bind(ctx context.Context, v *store.Volume, r PublishRequest) erro
 	if m, err := n.dev.MountedAt(r.TargetPath); err != nil {
 		return err
 	} else if m != nil {
-		return fmt.Errorf("target %s already has %s mounted: %w", r.TargetPath, m.Source, pool.ErrConflict)
+		return fmt.Errorf("target %s already has %s mounted: %w", r.TargetPath, m.Source, errkind.ErrConflict)
 	}
 	opts := []string{"bind"}
 	if r.ReadOnly {
@@ -190,7 +191,7 @@ func accessName(block bool) string {
 // (kubernetes#90752), so only a real failure is reported.
 func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 	v, err := n.volume(id)
-	if err != nil && !errors.Is(err, pool.ErrNotFound) {
+	if err != nil && !errors.Is(err, errkind.ErrNotFound) {
 		return err
 	}
 	m, merr := n.dev.MountedAt(target)
@@ -199,16 +200,20 @@ func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 	}
 	if v == nil {
 		if m != nil {
-			return fmt.Errorf("volume %s does not exist here, yet %s is mounted at %s: leaving it alone: %w", id, m.Source, target, pool.ErrNotFound)
+			return fmt.Errorf("volume %s does not exist here, yet %s is mounted at %s: leaving it alone: %w", id, m.Source, target, errkind.ErrNotFound)
 		}
 		return RemoveTarget(target)
 	}
-	if p, ok := v.Publications[target]; ok && p.Direct {
-		return n.undoDirect(ctx, v.ID, target)
-	}
+	return n.handoverAt(v, target).unpublish(ctx, v, target, m)
+}
+
+// unpublish of a host mount: unmount the target, if it holds this volume,
+// and remove it.
+func (h hostMount) unpublish(ctx context.Context, v *store.Volume, target string, m *device.MountAt) error {
+	n, id := h.n, v.ID
 	if m != nil {
 		if _, ours := v.Publications[target]; !ours && !n.mountIsVolume(v, m) {
-			return fmt.Errorf("%s has %s mounted, which is not volume %s: leaving it alone: %w", target, m.Source, id, pool.ErrInvalid)
+			return fmt.Errorf("%s has %s mounted, which is not volume %s: leaving it alone: %w", target, m.Source, id, errkind.ErrInvalid)
 		}
 		if err := n.dev.Unmount(target); err != nil {
 			return err
@@ -217,7 +222,7 @@ func (n *Node) Unpublish(ctx context.Context, id, target string) error {
 	if err := RemoveTarget(target); err != nil {
 		return err
 	}
-	_, err = n.store.Update(v.ID, func(v *store.Volume) error {
+	_, err := n.store.Update(v.ID, func(v *store.Volume) error {
 		delete(v.Publications, target)
 		return nil
 	})

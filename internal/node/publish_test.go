@@ -8,8 +8,8 @@ import (
 
 	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/directvolume"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/node"
-	"github.com/podvol/podvol/internal/pool"
 )
 
 func TestPublishUnpublishIdempotent(t *testing.T) {
@@ -23,8 +23,8 @@ func TestPublishUnpublishIdempotent(t *testing.T) {
 	if e.dev.Calls(devicetest.Mount) != mounts || e.mountsAt(v.target) != 1 {
 		t.Fatalf("a repeated publish mounted again: %d mounts at the target", e.mountsAt(v.target))
 	}
-	wantErr(t, e.publish(v, v.target, func(r *node.PublishRequest) { r.ReadOnly = true }), pool.ErrConflict, "publish again read-only")
-	wantErr(t, e.node.Unstage(ctx, v.ID, v.staging), pool.ErrInUse, "unstage while published")
+	wantErr(t, e.publish(v, v.target, func(r *node.PublishRequest) { r.ReadOnly = true }), errkind.ErrConflict, "publish again read-only")
+	wantErr(t, e.node.Unstage(ctx, v.ID, v.staging), errkind.ErrInUse, "unstage while published")
 
 	// A read-only publication is a read-only bind of the same filesystem.
 	ro := e.targetPath()
@@ -58,7 +58,7 @@ func TestUnpublishLeavesForeignMountsAlone(t *testing.T) {
 	devB := e.stage(b)
 	must(t, e.publish(b, b.target))
 	// a's unpublish names b's target: that mount is not a's.
-	wantErr(t, e.node.Unpublish(ctx, a.ID, b.target), pool.ErrInvalid, "unpublish of another volume's mount")
+	wantErr(t, e.node.Unpublish(ctx, a.ID, b.target), errkind.ErrInvalid, "unpublish of another volume's mount")
 	e.mountedFrom(b.target, devB)
 }
 
@@ -68,7 +68,7 @@ func TestPublishBlock(t *testing.T) {
 	must(t, e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging, Block: true}))
 	dev := e.device(v)
 	block := func(r *node.PublishRequest) { r.Block = true }
-	wantErr(t, e.publish(v, v.target), pool.ErrInvalid, "filesystem publish of a block stage")
+	wantErr(t, e.publish(v, v.target), errkind.ErrInvalid, "filesystem publish of a block stage")
 	must(t, e.publish(v, v.target, block))
 	m, _ := e.dev.MountedAt(v.target)
 	if m == nil || strings.TrimPrefix(m.Root, "/") != strings.TrimPrefix(dev, "/dev/") {
@@ -125,7 +125,7 @@ func TestPublishRefusesAStandIn(t *testing.T) {
 		}
 		return nil
 	})
-	wantErr(t, e.publish(v, v.target), pool.ErrNotStaged, "publish over a lost stage")
+	wantErr(t, e.publish(v, v.target), errkind.ErrNotStaged, "publish over a lost stage")
 	e.notMounted(v.target)
 	for _, m := range e.dev.MountTable() {
 		if m.FsType == "hostfs" {
@@ -144,10 +144,10 @@ func TestPublishRefusesAStandIn(t *testing.T) {
 func TestPublishRequiresStage(t *testing.T) {
 	e := newEnv(t)
 	v := e.volume("ext4")
-	wantErr(t, e.publish(v, v.target), pool.ErrNotStaged, "publish before stage")
+	wantErr(t, e.publish(v, v.target), errkind.ErrNotStaged, "publish before stage")
 	e.stage(v)
-	wantErr(t, e.node.Publish(ctx, node.PublishRequest{VolumeID: v.ID, StagingPath: v.staging + "x", TargetPath: v.target}), pool.ErrNotStaged, "publish from another staging path")
-	wantErr(t, e.node.Publish(ctx, node.PublishRequest{VolumeID: "pv-000000000000000000000000", StagingPath: v.staging, TargetPath: v.target}), pool.ErrNotFound, "publish of an unknown volume")
+	wantErr(t, e.node.Publish(ctx, node.PublishRequest{VolumeID: v.ID, StagingPath: v.staging + "x", TargetPath: v.target}), errkind.ErrNotStaged, "publish from another staging path")
+	wantErr(t, e.node.Publish(ctx, node.PublishRequest{VolumeID: "pv-000000000000000000000000", StagingPath: v.staging, TargetPath: v.target}), errkind.ErrNotFound, "publish of an unknown volume")
 	e.notMounted(v.target)
 }
 
@@ -157,8 +157,8 @@ func TestReadWriteOncePod(t *testing.T) {
 	e.stage(v)
 	first, second := v.target, e.targetPath()
 	must(t, e.publish(v, first, exclusive))
-	wantErr(t, e.publish(v, second, exclusive), pool.ErrInUse, "second RWOP publication")
-	wantErr(t, e.publish(v, second), pool.ErrInUse, "second publication beside an RWOP one")
+	wantErr(t, e.publish(v, second, exclusive), errkind.ErrInUse, "second RWOP publication")
+	wantErr(t, e.publish(v, second), errkind.ErrInUse, "second publication beside an RWOP one")
 	e.notMounted(second)
 	must(t, e.publish(v, first, exclusive)) // the same pod again: done
 	must(t, e.node.Unpublish(ctx, v.ID, first))
@@ -171,7 +171,7 @@ func TestDirectAssignment(t *testing.T) {
 	e := newEnv(t)
 	v := e.volume("ext4")
 	dev := e.stage(v)
-	wantErr(t, e.publish(v, v.target, func(r *node.PublishRequest) { r.Direct = true }), pool.ErrInUse, "direct assignment without RWOP")
+	wantErr(t, e.publish(v, v.target, func(r *node.PublishRequest) { r.Direct = true }), errkind.ErrInUse, "direct assignment without RWOP")
 	must(t, e.publish(v, v.target, direct))
 	e.notMounted(v.staging)
 	e.notMounted(v.target)
@@ -183,8 +183,8 @@ func TestDirectAssignment(t *testing.T) {
 	must(t, e.publish(v, v.target, direct)) // kubelet's retry
 
 	host := e.targetPath()
-	wantErr(t, e.publish(v, host), pool.ErrInUse, "host publish while assigned")
-	wantErr(t, e.publish(v, host, exclusive), pool.ErrInUse, "host RWOP publish while assigned")
+	wantErr(t, e.publish(v, host), errkind.ErrInUse, "host publish while assigned")
+	wantErr(t, e.publish(v, host, exclusive), errkind.ErrInUse, "host RWOP publish while assigned")
 	e.notMounted(host)
 	e.notMounted(v.staging)
 
@@ -198,7 +198,7 @@ func TestDirectAssignment(t *testing.T) {
 		t.Fatal("the assignment's record went before the staging mount was back")
 	}
 	e.notMounted(v.staging)
-	wantErr(t, e.publish(v, host), pool.ErrInUse, "host publish while the assignment is ending")
+	wantErr(t, e.publish(v, host), errkind.ErrInUse, "host publish while the assignment is ending")
 	must(t, e.node.Unpublish(ctx, v.ID, v.target))
 	e.mountedFrom(v.staging, dev)
 	if directvolume.Exists(e.shim.Root, v.target) {
@@ -217,7 +217,7 @@ func TestFsGroup(t *testing.T) {
 	if sig, _ := devicetest.ReadSignature(e.pool.ImagePath(v.ID)); sig.Group != 2000 || !sig.Setgid {
 		t.Fatalf("root after publish with fsGroup: %+v", sig)
 	}
-	wantErr(t, e.publish(v, e.targetPath(), func(r *node.PublishRequest) { r.FsGroup = "staff" }), pool.ErrInvalid, "non-numeric fsGroup")
+	wantErr(t, e.publish(v, e.targetPath(), func(r *node.PublishRequest) { r.FsGroup = "staff" }), errkind.ErrInvalid, "non-numeric fsGroup")
 	// A failure to apply it leaves no publication behind.
 	other := e.targetPath()
 	e.dev.FailNext(devicetest.SetGroup, errors.New("chown: boom"))

@@ -5,7 +5,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -26,19 +26,32 @@ func (n *Node) Quiesce(id string) (func(), error) {
 		// Not attached (a reboot took it): nothing writes to the image.
 		return func() {}, nil
 	}
-	if _, direct := directPublication(v); s.Block || direct {
-		if direct && !n.pool.Reflink() {
-			// Without reflink the copy reads the image extent by
-			// extent for as long as it takes, while the guest goes on
-			// writing: the copy would be torn, not crash-consistent.
-			// A reflink copy is one atomic step.
-			return nil, fmt.Errorf("volume %s is assigned to a microVM and this pool's filesystem has no reflink, so a copy of it while the guest writes would be torn: stop the pod first, or put the pool on XFS or btrfs: %w", id, pool.ErrInUse)
-		}
+	return n.handoverOf(v).quiesce(v)
+}
+
+// quiesce of a microVM's volume: the guest cannot be frozen from here, so
+// the copy is crash-consistent, which only an atomic (reflink) copy is.
+func (m microVM) quiesce(v *store.Volume) (func(), error) {
+	if !m.n.pool.Reflink() {
+		// Without reflink the copy reads the image extent by
+		// extent for as long as it takes, while the guest goes on
+		// writing: the copy would be torn, not crash-consistent.
+		// A reflink copy is one atomic step.
+		return nil, fmt.Errorf("volume %s is assigned to a microVM and this pool's filesystem has no reflink, so a copy of it while the guest writes would be torn: stop the pod first, or put the pool on XFS or btrfs: %w", v.ID, errkind.ErrInUse)
+	}
+	return func() {}, m.n.dev.SyncDevice(v.Stage.Device)
+}
+
+// quiesce of a host mount: freeze the staged filesystem, or flush a raw
+// block device.
+func (h hostMount) quiesce(v *store.Volume) (func(), error) {
+	n, s, id := h.n, v.Stage, v.ID
+	if s.Block {
 		return func() {}, n.dev.SyncDevice(s.Device)
 	}
 	f, err := n.dev.OpenFilesystemOn(s.Path, s.Device)
 	if err != nil {
-		return nil, fmt.Errorf("volume %s is not mounted at its staging path, so it cannot be frozen for a consistent copy (stage it again): %w: %w", id, err, pool.ErrNotStaged)
+		return nil, fmt.Errorf("volume %s is not mounted at its staging path, so it cannot be frozen for a consistent copy (stage it again): %w: %w", id, err, errkind.ErrNotStaged)
 	}
 	if err := f.Freeze(); err != nil {
 		f.Close()

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podvol/podvol/internal/device/devicetest"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
 )
@@ -78,12 +79,12 @@ func TestQuiesceRefusesWhatIsNotTheVolume(t *testing.T) {
 
 	must(t, e.dev.Unmount(v.staging))
 	_, err := e.node.Quiesce(v.ID)
-	wantErr(t, err, pool.ErrNotStaged, "quiesce with the staging mount gone")
+	wantErr(t, err, errkind.ErrNotStaged, "quiesce with the staging mount gone")
 
 	// Another volume's filesystem bound where this one's should be.
 	must(t, e.dev.Mount(ctx, other.staging, v.staging, "", []string{"bind"}))
 	_, err = e.node.Quiesce(v.ID)
-	wantErr(t, err, pool.ErrNotStaged, "quiesce with another volume at the staging path")
+	wantErr(t, err, errkind.ErrNotStaged, "quiesce with another volume at the staging path")
 	must(t, e.dev.Unmount(v.staging))
 	if log := e.dev.FreezeLog(); len(log) != 0 {
 		t.Fatalf("froze: %+v", log)
@@ -166,7 +167,7 @@ func TestQuiesceOfAnAssignedVolumeOnACopyPool(t *testing.T) {
 	v := e.volume("ext4")
 	e.stage(v)
 	must(t, e.publish(v, v.target, direct))
-	if _, err := e.node.Quiesce(v.ID); !errors.Is(err, pool.ErrInUse) {
+	if _, err := e.node.Quiesce(v.ID); !errors.Is(err, errkind.ErrInUse) {
 		t.Fatalf("quiesce of an assigned volume on a pool without reflink: %v, want in use", err)
 	}
 	if log := e.dev.FreezeLog(); len(log) != 0 {

@@ -6,7 +6,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/podvol/podvol/internal/directvolume"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -71,11 +70,11 @@ func (n *Node) Recover(ctx context.Context) error {
 			continue
 		}
 		for t, p := range v.Publications {
-			if p.Direct && p.State == store.Publishing && n.direct != nil && !directvolume.Exists(n.direct.Root, t) {
-				klog.InfoS("Rolling back interrupted direct assignment", "volume", v.ID, "target", t)
-				if err := n.undoDirect(ctx, v.ID, t); err != nil {
-					errs = append(errs, err)
-				}
+			if p.State != store.Publishing {
+				continue
+			}
+			if err := n.handoverAt(v, t).recoverPublishing(ctx, v, t); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		if v, err = n.store.Volume(v.ID); err != nil {
@@ -135,33 +134,9 @@ func (n *Node) restoreStage(ctx context.Context, v *store.Volume) (string, error
 	}); err != nil {
 		return dev, err
 	}
-	if _, direct := directPublication(v); v.Stage.Block || direct || !isDir(v.Stage.Path) {
+	if !n.handoverOf(v).mountsStaging() || !isDir(v.Stage.Path) {
 		return dev, nil
 	}
 	klog.InfoS("Restoring staging mount", "volume", v.ID, "device", dev, "stagingPath", v.Stage.Path)
 	return dev, n.mountStaging(ctx, v, dev, v.Stage.Path, v.Stage.MountFlags)
-}
-
-// scanDirect looks at every direct-volume entry: podvol's own were recovered
-// above with their volumes; anything else belongs to another driver and is
-// left alone.
-func (n *Node) scanDirect(vols []*store.Volume) {
-	targets, err := directvolume.Scan(n.direct.Root)
-	if err != nil {
-		klog.ErrorS(err, "Reading the direct-volume directory", "root", n.direct.Root)
-		return
-	}
-	ours := map[string]bool{}
-	for _, v := range vols {
-		for t, p := range v.Publications {
-			if p.Direct {
-				ours[t] = true
-			}
-		}
-	}
-	for _, t := range targets {
-		if !ours[t] {
-			klog.V(2).InfoS("Leaving a direct-volume entry podvol did not write", "target", t)
-		}
-	}
 }

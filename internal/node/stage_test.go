@@ -5,8 +5,9 @@ import (
 	"testing"
 
 	"github.com/podvol/podvol/internal/device/devicetest"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/node"
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/size"
 )
 
 func TestStageUnstageIdempotent(t *testing.T) {
@@ -30,8 +31,8 @@ func TestStageUnstageIdempotent(t *testing.T) {
 		t.Fatalf("a repeated stage acted again: formats %d→%d, mounts %d→%d, %d mounts at the staging path",
 			formats, e.dev.Calls(devicetest.Format), mounts, e.dev.Calls(devicetest.Mount), e.mountsAt(v.staging))
 	}
-	wantErr(t, e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging + "2"}), pool.ErrConflict, "stage at a second path")
-	wantErr(t, e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging, Block: true}), pool.ErrConflict, "stage for block access")
+	wantErr(t, e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging + "2"}), errkind.ErrConflict, "stage at a second path")
+	wantErr(t, e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging, Block: true}), errkind.ErrConflict, "stage for block access")
 
 	must(t, e.node.Unstage(ctx, v.ID, v.staging))
 	e.clean()
@@ -39,7 +40,7 @@ func TestStageUnstageIdempotent(t *testing.T) {
 		t.Fatalf("stage record after unstage: %+v", r.Stage)
 	}
 	must(t, e.node.Unstage(ctx, v.ID, v.staging))
-	wantErr(t, e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging, FsType: "xfs"}), pool.ErrInvalid, "stage of an ext4 volume as xfs")
+	wantErr(t, e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging, FsType: "xfs"}), errkind.ErrInvalid, "stage of an ext4 volume as xfs")
 
 	// Staged again, the filesystem is found, checked and kept.
 	dev = e.stage(v)
@@ -61,7 +62,7 @@ func TestStageNeverFormatsOverForeignData(t *testing.T) {
 			v := e.volume(c.fs)
 			must(t, devicetest.WriteSignature(e.pool.ImagePath(v.ID), c.found))
 			err := e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging})
-			wantErr(t, err, pool.ErrInvalid, "stage of a volume holding "+c.found)
+			wantErr(t, err, errkind.ErrInvalid, "stage of a volume holding "+c.found)
 			if sig, _ := devicetest.ReadSignature(e.pool.ImagePath(v.ID)); sig == nil || sig.Type != c.found {
 				t.Fatalf("the image now holds %+v", sig)
 			}
@@ -121,12 +122,12 @@ func TestExpand(t *testing.T) {
 	for _, fs := range []string{"xfs", "ext4"} {
 		v := e.volume(fs)
 		dev := e.stage(v)
-		size, err := e.node.Expand(ctx, v.ID, v.staging, 768*pool.MiB)
-		if err != nil || size != 768*pool.MiB {
-			t.Fatalf("%s: expand: %d, %v", fs, size, err)
+		got, err := e.node.Expand(ctx, v.ID, v.staging, 768*size.MiB)
+		if err != nil || got != 768*size.MiB {
+			t.Fatalf("%s: expand: %d, %v", fs, got, err)
 		}
 		e.mountedFrom(v.staging, dev)
-		if st, _ := e.dev.Statfs(v.staging); st.TotalBytes != 768*pool.MiB {
+		if st, _ := e.dev.Statfs(v.staging); st.TotalBytes != 768*size.MiB {
 			t.Fatalf("%s: filesystem is %d bytes after growth", fs, st.TotalBytes)
 		}
 		if r := e.record(v.ID); r.GrowFs {
@@ -137,9 +138,9 @@ func TestExpand(t *testing.T) {
 	v := e.volume("ext4")
 	e.stage(v)
 	must(t, e.publish(v, e.targetPath()))
-	_, err := e.node.Expand(ctx, v.ID, v.staging, 1*pool.GiB)
-	wantErr(t, err, pool.ErrInUse, "online growth of a published ext4 without CAP_SYS_RESOURCE")
-	if r := e.record(v.ID); !r.GrowFs || r.SizeBytes != pool.GiB {
+	_, err := e.node.Expand(ctx, v.ID, v.staging, 1*size.GiB)
+	wantErr(t, err, errkind.ErrInUse, "online growth of a published ext4 without CAP_SYS_RESOURCE")
+	if r := e.record(v.ID); !r.GrowFs || r.SizeBytes != size.GiB {
 		t.Fatalf("the image grew but no growth is pending: %+v", r)
 	}
 }

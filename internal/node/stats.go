@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/podvol/podvol/internal/device"
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -25,11 +25,14 @@ func (n *Node) VolumeStats(ctx context.Context, id, path string) (Stats, error) 
 	s := v.Stage
 	_, published := v.Publications[path]
 	if s == nil || (!published && s.Path != path && !n.mapsBlock(s, path)) {
-		return Stats{}, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, pool.ErrNotFound)
+		return Stats{}, fmt.Errorf("volume %s is not staged or published at %s: %w", id, path, errkind.ErrNotFound)
 	}
-	if t, direct := directPublication(v); direct {
-		return n.directStats(ctx, v, t)
-	}
+	return n.handoverOf(v).stats(ctx, v, path)
+}
+
+// stats of a host mount: the filesystem at path, or the device's size.
+func (h hostMount) stats(ctx context.Context, v *store.Volume, path string) (Stats, error) {
+	n, s, id := h.n, v.Stage, v.ID
 	if s.Block {
 		size, err := n.dev.DeviceSize(s.Device)
 		if err != nil {
@@ -42,7 +45,7 @@ func (n *Node) VolumeStats(ctx context.Context, id, path string) (Stats, error) 
 		return Stats{}, err
 	}
 	if m == nil {
-		return Stats{}, fmt.Errorf("volume %s: %s is not mounted any more: %w", id, path, pool.ErrNotFound)
+		return Stats{}, fmt.Errorf("volume %s: %s is not mounted any more: %w", id, path, errkind.ErrNotFound)
 	}
 	fs, err := n.dev.Statfs(path)
 	return Stats{FSStats: fs}, err

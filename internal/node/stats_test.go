@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/node"
-	"github.com/podvol/podvol/internal/pool"
 )
 
 // Kubelet asks for a raw block volume's stats at its own map path, a bind
@@ -38,9 +38,9 @@ func TestBlockStatsAtKubeletMapPath(t *testing.T) {
 		}
 	}
 	_, err := e.node.VolumeStats(ctx, a.ID, mapB)
-	wantErr(t, err, pool.ErrNotFound, "stats of a at b's map path")
+	wantErr(t, err, errkind.ErrNotFound, "stats of a at b's map path")
 	_, err = e.node.VolumeStats(ctx, a.ID, filepath.Dir(mapA))
-	wantErr(t, err, pool.ErrNotFound, "stats of a at a directory")
+	wantErr(t, err, errkind.ErrNotFound, "stats of a at a directory")
 	for _, p := range []string{mapA, mapB} {
 		must(t, e.dev.Unmount(p))
 	}

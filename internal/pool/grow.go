@@ -3,6 +3,7 @@ package pool
 import (
 	"fmt"
 
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/store"
 )
@@ -15,7 +16,7 @@ func (p *Pool) GrowVolume(id string, size int64) (*store.Volume, error) {
 		return nil, err
 	}
 	if size < v.SizeBytes {
-		return nil, fmt.Errorf("volume %s is %d bytes, cannot shrink it to %d: %w", id, v.SizeBytes, size, ErrOutOfRange)
+		return nil, fmt.Errorf("volume %s is %d bytes, cannot shrink it to %d: %w", id, v.SizeBytes, size, errkind.ErrOutOfRange)
 	}
 	if size > v.SizeBytes {
 		p.mu.Lock()

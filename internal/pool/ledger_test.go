@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/podvol/podvol/internal/device/devicetest"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
@@ -170,7 +171,7 @@ func allocationRun(t *testing.T, seed uint64) map[string]int {
 		} else {
 			ops[op]++
 		}
-		if err != nil && !expected(err, boom, pool.ErrNoSpace, pool.ErrConflict, pool.ErrInUse, pool.ErrNotFound, store.ErrNotFound) {
+		if err != nil && !expected(err, boom, errkind.ErrNoSpace, errkind.ErrConflict, errkind.ErrInUse, errkind.ErrNotFound, store.ErrNotFound) {
 			t.Fatalf("unexpected error, after:\n%s", strings.Join(history, "\n"))
 		}
 		if why := recount(t, e.p); why != "" {

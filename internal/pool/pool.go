@@ -22,28 +22,13 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/store"
 )
 
-const (
-	MiB = int64(1) << 20
-	GiB = int64(1) << 30
-
-	// DefaultVolumeSize is used when a request names no size.
-	DefaultVolumeSize = 1 * GiB
-	// MaxNameLength bounds CSI names (Kubernetes names are at most 253).
-	MaxNameLength = 512
-)
-
-// MinSize is the smallest volume each filesystem can be made on. mkfs.xfs
-// refuses anything under 300 MiB since xfsprogs 5.19.
-func MinSize(fsType string) int64 {
-	if fsType == "xfs" {
-		return 300 * MiB
-	}
-	return 16 * MiB
-}
+// MaxNameLength bounds CSI names (Kubernetes names are at most 253).
+const MaxNameLength = 512
 
 var idPattern = regexp.MustCompile(`^pv-[0-9a-f]{24}$`)
 
@@ -60,7 +45,8 @@ type Config struct {
 	// of: UnknownRefuse (the default), UnknownAdopt or UnknownDelete.
 	UnknownImages string
 	// Device is the machine the images are attached, probed and copied
-	// on; nil is the real one (device.Host).
+	// on: device.Host{} for this machine, devicetest's fake in tests.
+	// Required: Open refuses a nil one.
 	Device device.Interface
 }
 
@@ -81,6 +67,11 @@ type Pool struct {
 
 // Open opens or initialises the pool at cfg.Dir.
 func Open(cfg Config) (*Pool, error) {
+	if cfg.Device == nil {
+		// No default: a test that forgot its fake would otherwise attach
+		// loop devices and mount on the machine running it.
+		return nil, errors.New("pool: Config.Device is nil: pass device.Host{} for this machine, or devicetest.New() in tests")
+	}
 	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
 		return nil, fmt.Errorf("pool directory %q must be an absolute path", cfg.Dir)
 	}
@@ -94,9 +85,6 @@ func Open(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("resolve pool directory: %w", err)
 	}
 	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes"), snapDir: filepath.Join(dir, "snapshots"), dev: cfg.Device}
-	if p.dev == nil {
-		p.dev = device.Host{}
-	}
 	for _, d := range []string{p.volDir, p.snapDir} {
 		if err := mkdirNoSymlink(d); err != nil {
 			return nil, err
@@ -135,7 +123,7 @@ func mkdirNoSymlink(dir string) error {
 		return err
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("%s must be a directory, found %s: %w", dir, fi.Mode().Type(), ErrUnusable)
+		return fmt.Errorf("%s must be a directory, found %s: %w", dir, fi.Mode().Type(), errkind.ErrUnusable)
 	}
 	return nil
 }
@@ -171,7 +159,7 @@ func (p *Pool) Capacity() (total, allocated int64) {
 func (p *Pool) admit(more int64) error {
 	total, allocated := p.Capacity()
 	if free := total - allocated; more > free {
-		return fmt.Errorf("requested %d bytes, %d of %d free: %w", more, max(free, 0), total, ErrNoSpace)
+		return fmt.Errorf("requested %d bytes, %d of %d free: %w", more, max(free, 0), total, errkind.ErrNoSpace)
 	}
 	return nil
 }
@@ -180,10 +168,10 @@ func (p *Pool) admit(more int64) error {
 // there and writable and the store readable.
 func (p *Pool) Check() error {
 	if err := unix.Access(p.volDir, unix.W_OK); err != nil {
-		return fmt.Errorf("pool %s is not writable: %w: %w", p.volDir, err, ErrUnusable)
+		return fmt.Errorf("pool %s is not writable: %w: %w", p.volDir, err, errkind.ErrUnusable)
 	}
 	if _, err := p.store.Volumes(); err != nil {
-		return fmt.Errorf("metadata store: %w: %w", err, ErrUnusable)
+		return fmt.Errorf("metadata store: %w: %w", err, errkind.ErrUnusable)
 	}
 	return nil
 }
@@ -214,13 +202,13 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 	switch {
 	case err == nil:
 		if v.SizeBytes != r.SizeBytes || v.FsType != r.FsType || !maps.Equal(v.Parameters, r.Parameters) || !sameSource(v.Source, r.Source) {
-			return nil, fmt.Errorf("volume %q (%s, %d bytes, %s): %w", r.Name, v.ID, v.SizeBytes, v.FsType, ErrConflict)
+			return nil, fmt.Errorf("volume %q (%s, %d bytes, %s): %w", r.Name, v.ID, v.SizeBytes, v.FsType, errkind.ErrConflict)
 		}
 		if v.State == store.Ready {
 			return v, nil
 		}
 		if v.State == store.Deleting {
-			return nil, fmt.Errorf("volume %q is being deleted: %w", r.Name, ErrInUse)
+			return nil, fmt.Errorf("volume %q is being deleted: %w", r.Name, errkind.ErrInUse)
 		}
 		return p.finishCreate(ctx, v, r)
 	case !errors.Is(err, store.ErrNotFound):
@@ -248,7 +236,7 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 	}
 	p.mu.Unlock()
 	if store.IsExists(err) {
-		return nil, fmt.Errorf("volume %q is being created concurrently: %w", r.Name, ErrInUse)
+		return nil, fmt.Errorf("volume %q is being created concurrently: %w", r.Name, errkind.ErrInUse)
 	}
 	if err != nil {
 		return nil, err
@@ -391,7 +379,7 @@ func (p *Pool) DeleteVolume(ctx context.Context, id string) error {
 		if v.Stage != nil {
 			where = " at " + v.Stage.Path
 		}
-		return fmt.Errorf("volume %s is staged%s: unstage it first: %w", id, where, ErrInUse)
+		return fmt.Errorf("volume %s is staged%s: unstage it first: %w", id, where, errkind.ErrInUse)
 	}
 	if _, err := p.store.Update(id, func(v *store.Volume) error {
 		v.State = store.Deleting
@@ -431,7 +419,7 @@ func (p *Pool) detachUnused(img string) error {
 			return err
 		}
 		if len(mnts) > 0 {
-			return fmt.Errorf("%s is mounted at %s: %w", dev, strings.Join(mnts, ", "), ErrInUse)
+			return fmt.Errorf("%s is mounted at %s: %w", dev, strings.Join(mnts, ", "), errkind.ErrInUse)
 		}
 		if err := p.dev.DetachLoop(dev, img); err != nil {
 			return err
@@ -524,21 +512,21 @@ func (p *Pool) Unwritten() (fsFree, promised int64, err error) {
 }
 
 // ReadyVolume returns the volume with id if it is ready: created and not
-// being deleted. Anything else is ErrNotFound, as the CSI calls about an
+// being deleted. Anything else is errkind.ErrNotFound, as the CSI calls about an
 // existing volume want it.
 func (p *Pool) ReadyVolume(id string) (*store.Volume, error) {
 	if !ValidID(id) {
-		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, errkind.ErrNotFound)
 	}
 	v, err := p.store.Volume(id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("volume %q does not exist on this node: %w", id, errkind.ErrNotFound)
 	}
 	if err != nil {
 		return nil, err
 	}
 	if v.State != store.Ready {
-		return nil, fmt.Errorf("volume %s is %s: %w", id, v.State, ErrNotFound)
+		return nil, fmt.Errorf("volume %s is %s: %w", id, v.State, errkind.ErrNotFound)
 	}
 	return v, nil
 }

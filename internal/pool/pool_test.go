@@ -14,15 +14,17 @@ import (
 
 	"github.com/podvol/podvol/internal/device"
 	"github.com/podvol/podvol/internal/device/devicetest"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/size"
 	"github.com/podvol/podvol/internal/store"
 )
 
 var ctx = context.Background()
 
 const (
-	MiB = pool.MiB
-	GiB = pool.GiB
+	MiB = size.MiB
+	GiB = size.GiB
 )
 
 type env struct {
@@ -89,7 +91,7 @@ func (e *env) create(name string, size int64) *store.Volume {
 	return v
 }
 
-func size(t *testing.T, path string) int64 {
+func fileSize(t *testing.T, path string) int64 {
 	t.Helper()
 	fi, err := os.Stat(path)
 	must(t, err)
@@ -108,8 +110,8 @@ func TestCreateVolumeIdempotent(t *testing.T) {
 	r := pool.CreateRequest{Name: "pvc-1", SizeBytes: 64 * MiB, FsType: "ext4", Parameters: map[string]string{"fsType": "ext4"}}
 	v, err := e.p.CreateVolume(ctx, r)
 	must(t, err)
-	if v.State != store.Ready || size(t, e.p.ImagePath(v.ID)) != 64*MiB {
-		t.Fatalf("volume %+v, image %d bytes", v, size(t, e.p.ImagePath(v.ID)))
+	if v.State != store.Ready || fileSize(t, e.p.ImagePath(v.ID)) != 64*MiB {
+		t.Fatalf("volume %+v, image %d bytes", v, fileSize(t, e.p.ImagePath(v.ID)))
 	}
 	again, err := e.p.CreateVolume(ctx, r)
 	if err != nil || again.ID != v.ID {
@@ -123,7 +125,7 @@ func TestCreateVolumeIdempotent(t *testing.T) {
 		r2 := r
 		mod(&r2)
 		_, err := e.p.CreateVolume(ctx, r2)
-		wantErr(t, err, pool.ErrConflict, "create of the same name with another "+what)
+		wantErr(t, err, errkind.ErrConflict, "create of the same name with another "+what)
 	}
 	if vols, _ := e.p.Store().Volumes(); len(vols) != 1 {
 		t.Fatalf("%d volumes", len(vols))
@@ -162,7 +164,7 @@ func TestDeleteVolumeInUse(t *testing.T) {
 		return nil
 	})
 	must(t, err)
-	wantErr(t, e.p.DeleteVolume(ctx, staged.ID), pool.ErrInUse, "delete of a staged volume")
+	wantErr(t, e.p.DeleteVolume(ctx, staged.ID), errkind.ErrInUse, "delete of a staged volume")
 
 	// No record says so, but its filesystem is mounted: still in use.
 	dev, err := e.dev.AttachLoop(e.p.ImagePath(mounted.ID), device.LoopOptions{})
@@ -170,8 +172,8 @@ func TestDeleteVolumeInUse(t *testing.T) {
 	must(t, e.dev.Format(ctx, dev, "ext4"))
 	mnt := t.TempDir()
 	must(t, e.dev.Mount(ctx, dev, mnt, "ext4", nil))
-	wantErr(t, e.p.DeleteVolume(ctx, mounted.ID), pool.ErrInUse, "delete of a mounted volume")
-	if size(t, e.p.ImagePath(mounted.ID)) != 64*MiB || e.dev.LoopBackingFile(dev) != e.p.ImagePath(mounted.ID) {
+	wantErr(t, e.p.DeleteVolume(ctx, mounted.ID), errkind.ErrInUse, "delete of a mounted volume")
+	if fileSize(t, e.p.ImagePath(mounted.ID)) != 64*MiB || e.dev.LoopBackingFile(dev) != e.p.ImagePath(mounted.ID) {
 		t.Fatal("the mounted volume's image or loop device went")
 	}
 	// Its record says deleting: a retry, or the next start, finishes.
@@ -203,7 +205,7 @@ func raceForCapacity(t *testing.T) {
 		switch {
 		case err == nil:
 			admitted++
-		case !errors.Is(err, pool.ErrNoSpace):
+		case !errors.Is(err, errkind.ErrNoSpace):
 			unexpected = append(unexpected, err)
 		}
 	}
@@ -227,7 +229,7 @@ func raceForCapacity(t *testing.T) {
 			// Growths to sizes from 2 to 9 GiB, in any order: one
 			// smaller than the size reached meanwhile is a shrink.
 			_, err := e.p.GrowVolume(grown.ID, int64(2+i%8)*GiB)
-			if err == nil || errors.Is(err, pool.ErrOutOfRange) {
+			if err == nil || errors.Is(err, errkind.ErrOutOfRange) {
 				return // counted below from the record
 			}
 			try(err)
@@ -252,7 +254,7 @@ func raceForCapacity(t *testing.T) {
 	}
 	// A volume that does not fit says by how much.
 	_, err = e.p.CreateVolume(ctx, pool.CreateRequest{Name: "one-more", SizeBytes: MiB, FsType: "ext4"})
-	wantErr(t, err, pool.ErrNoSpace, "create in a full pool")
+	wantErr(t, err, errkind.ErrNoSpace, "create in a full pool")
 	if !strings.Contains(err.Error(), "0 of 10737418240 free") {
 		t.Fatalf("message: %v", err)
 	}
@@ -262,16 +264,16 @@ func TestGrowVolume(t *testing.T) {
 	e := newEnv(t, 2*GiB)
 	v := e.create("v", 1*GiB)
 	_, err := e.p.GrowVolume(v.ID, 512*MiB)
-	wantErr(t, err, pool.ErrOutOfRange, "shrink")
+	wantErr(t, err, errkind.ErrOutOfRange, "shrink")
 	_, err = e.p.GrowVolume(v.ID, 3*GiB)
-	wantErr(t, err, pool.ErrNoSpace, "grow beyond the pool")
-	if size(t, e.p.ImagePath(v.ID)) != GiB {
+	wantErr(t, err, errkind.ErrNoSpace, "grow beyond the pool")
+	if fileSize(t, e.p.ImagePath(v.ID)) != GiB {
 		t.Fatal("the image grew although the growth was refused")
 	}
 	w, err := e.p.GrowVolume(v.ID, 2*GiB)
 	must(t, err)
-	if w.SizeBytes != 2*GiB || !w.GrowFs || size(t, e.p.ImagePath(v.ID)) != 2*GiB {
-		t.Fatalf("after growth: %+v, image %d", w, size(t, e.p.ImagePath(v.ID)))
+	if w.SizeBytes != 2*GiB || !w.GrowFs || fileSize(t, e.p.ImagePath(v.ID)) != 2*GiB {
+		t.Fatalf("after growth: %+v, image %d", w, fileSize(t, e.p.ImagePath(v.ID)))
 	}
 	_, err = e.p.GrowVolume(v.ID, 2*GiB) // again: done
 	must(t, err)
@@ -315,7 +317,7 @@ func TestRecoverInterruptedOperations(t *testing.T) {
 	if _, err := e.p.Store().Snapshot(snap.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("snapshot record: %v", err)
 	}
-	if got := size(t, e.p.ImagePath(growing.ID)); got != 96*MiB {
+	if got := fileSize(t, e.p.ImagePath(growing.ID)); got != 96*MiB {
 		t.Fatalf("interrupted growth: image is %d bytes", got)
 	}
 	if left := e.dev.Leftovers(); len(left) != 0 {
@@ -364,13 +366,13 @@ func TestSnapshotRestoreAndClone(t *testing.T) {
 	if !restored.GrowFs || clone.GrowFs {
 		t.Fatalf("pending growth: restored (larger) %v, clone (same size) %v", restored.GrowFs, clone.GrowFs)
 	}
-	if got := size(t, e.p.ImagePath(restored.ID)); got != 128*MiB {
+	if got := fileSize(t, e.p.ImagePath(restored.ID)); got != 128*MiB {
 		t.Fatalf("restored image is %d bytes", got)
 	}
 	_, err = e.p.CreateVolume(ctx, pool.CreateRequest{Name: "small", SizeBytes: 32 * MiB, FsType: "ext4", Source: &store.Source{Kind: store.FromSnapshot, ID: snap.ID}})
-	wantErr(t, err, pool.ErrOutOfRange, "restore into a smaller volume")
+	wantErr(t, err, errkind.ErrOutOfRange, "restore into a smaller volume")
 	_, err = e.p.CreateVolume(ctx, pool.CreateRequest{Name: "xfs", SizeBytes: 512 * MiB, FsType: "xfs", Source: &store.Source{Kind: store.FromSnapshot, ID: snap.ID}})
-	wantErr(t, err, pool.ErrInvalid, "restore of ext4 as xfs")
+	wantErr(t, err, errkind.ErrInvalid, "restore of ext4 as xfs")
 	// The source can go; its snapshot stays.
 	must(t, e.p.DeleteVolume(ctx, src.ID))
 	if _, err := e.p.ReadySnapshot(snap.ID); err != nil {
@@ -414,8 +416,8 @@ func TestFailedCopiesLeaveNothing(t *testing.T) {
 	}
 	// A quiesce that fails stops the copy before it starts.
 	e.dev.Inject(devicetest.CopyImage, nil)
-	_, err = e.p.CreateSnapshot(pool.SnapshotRequest{Name: "s", SourceID: src.ID, Quiesce: func(string) (func(), error) { return nil, pool.ErrInUse }})
-	wantErr(t, err, pool.ErrInUse, "snapshot whose quiesce failed")
+	_, err = e.p.CreateSnapshot(pool.SnapshotRequest{Name: "s", SourceID: src.ID, Quiesce: func(string) (func(), error) { return nil, errkind.ErrInUse }})
+	wantErr(t, err, errkind.ErrInUse, "snapshot whose quiesce failed")
 	if n := len(e.dev.Copies()); n != 0 {
 		t.Fatalf("%d copies made", n)
 	}
@@ -458,13 +460,13 @@ func TestUnknownImages(t *testing.T) {
 			e, images, foreign := makePool(t, lose)
 			for range 2 {
 				err := e.reopen("")
-				wantErr(t, err, pool.ErrUnaccounted, "open with the store lost")
+				wantErr(t, err, errkind.ErrUnaccounted, "open with the store lost")
 				if !strings.Contains(err.Error(), "2 volume image(s)") || !strings.Contains(err.Error(), "1 snapshot image(s)") || !strings.Contains(err.Error(), "--unknown-images=adopt") {
 					t.Fatalf("message: %v", err)
 				}
 			}
 			for _, p := range append(images, foreign...) {
-				size(t, p)
+				fileSize(t, p)
 			}
 		})
 	}
@@ -483,7 +485,7 @@ func TestUnknownImages(t *testing.T) {
 		fs := map[string]string{}
 		for _, v := range vols {
 			fs[e.p.ImagePath(v.ID)] = v.FsType
-			if v.State != store.Ready || !strings.HasPrefix(v.Name, pool.AdoptedPrefix) || v.SizeBytes != size(t, e.p.ImagePath(v.ID)) {
+			if v.State != store.Ready || !strings.HasPrefix(v.Name, pool.AdoptedPrefix) || v.SizeBytes != fileSize(t, e.p.ImagePath(v.ID)) {
 				t.Fatalf("adopted volume %+v", v)
 			}
 		}
@@ -494,7 +496,7 @@ func TestUnknownImages(t *testing.T) {
 			t.Fatalf("capacity does not count the adopted images: %d", allocated)
 		}
 		for _, p := range append(images, foreign...) {
-			size(t, p)
+			fileSize(t, p)
 		}
 		// Adopted, they are ordinary volumes: the next start is clean.
 		must(t, e.reopen(""))
@@ -508,7 +510,7 @@ func TestUnknownImages(t *testing.T) {
 			gone(t, p)
 		}
 		for _, p := range foreign {
-			size(t, p)
+			fileSize(t, p)
 		}
 		if e.dev.LoopBackingFile(dev) != "" {
 			t.Fatal("the deleted image's loop device is still attached")
@@ -520,8 +522,8 @@ func TestUnknownImages(t *testing.T) {
 		must(t, err)
 		mnt := t.TempDir()
 		must(t, e.dev.Mount(ctx, dev, mnt, "xfs", nil))
-		wantErr(t, e.reopen(pool.UnknownDelete), pool.ErrInUse, "delete of a mounted unknown image")
-		size(t, images[0])
+		wantErr(t, e.reopen(pool.UnknownDelete), errkind.ErrInUse, "delete of a mounted unknown image")
+		fileSize(t, images[0])
 	})
 }
 
@@ -558,5 +560,23 @@ func TestAdoptKeepsParameters(t *testing.T) {
 		if !maps.Equal(got.Parameters, want) {
 			t.Fatalf("adopted volume %s has parameters %v, want %v", id, got.Parameters, want)
 		}
+	}
+}
+
+// A pool opened without a machine is refused before it touches anything:
+// a test that forgets the fake must fail, not attach loop devices and take
+// the host's capacity.
+func TestOpenWithoutDeviceIsRefused(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pool")
+	p, err := pool.Open(pool.Config{Dir: dir, Capacity: 10 * GiB})
+	if err == nil {
+		_ = p.Close()
+		t.Fatal("pool.Open with no Device succeeded: it acts on the host")
+	}
+	if !strings.Contains(err.Error(), "Device") {
+		t.Fatalf("the error does not say what is missing: %v", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused pool made its directory: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/store"
 )
@@ -38,12 +39,12 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 	switch {
 	case err == nil:
 		if snap.SourceID != r.SourceID {
-			return nil, fmt.Errorf("snapshot %q exists for volume %s, not %s: %w", r.Name, snap.SourceID, r.SourceID, ErrConflict)
+			return nil, fmt.Errorf("snapshot %q exists for volume %s, not %s: %w", r.Name, snap.SourceID, r.SourceID, errkind.ErrConflict)
 		}
 		if snap.State == store.Ready {
 			return snap, nil
 		}
-		return nil, fmt.Errorf("snapshot %q is %s: %w", r.Name, snap.State, ErrInUse)
+		return nil, fmt.Errorf("snapshot %q is %s: %w", r.Name, snap.State, errkind.ErrInUse)
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
 	}
@@ -67,7 +68,7 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 	}
 	p.mu.Unlock()
 	if store.IsExists(err) {
-		return nil, fmt.Errorf("snapshot %q is being created concurrently: %w", r.Name, ErrInUse)
+		return nil, fmt.Errorf("snapshot %q is being created concurrently: %w", r.Name, errkind.ErrInUse)
 	}
 	if err != nil {
 		return nil, err
@@ -99,11 +100,11 @@ func (p *Pool) copyVolume(src *store.Volume, dst string, size int64, quiesce fun
 // ReadySnapshot returns a snapshot that can be restored or listed.
 func (p *Pool) ReadySnapshot(id string) (*store.Snapshot, error) {
 	if !ValidSnapshotID(id) {
-		return nil, fmt.Errorf("snapshot %q does not exist on this node: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("snapshot %q does not exist on this node: %w", id, errkind.ErrNotFound)
 	}
 	s, err := p.store.Snapshot(id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && s.State != store.Ready) {
-		return nil, fmt.Errorf("snapshot %q does not exist on this node: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("snapshot %q does not exist on this node: %w", id, errkind.ErrNotFound)
 	}
 	return s, err
 }
@@ -131,13 +132,13 @@ func (p *Pool) checkSource(r *CreateRequest) error {
 		}
 		size, fs = v.SizeBytes, v.FsType
 	default:
-		return fmt.Errorf("source kind %q: %w", r.Source.Kind, ErrInvalid)
+		return fmt.Errorf("source kind %q: %w", r.Source.Kind, errkind.ErrInvalid)
 	}
 	if r.SizeBytes < size {
-		return fmt.Errorf("the %s %s is %d bytes, more than the %d asked for: %w", r.Source.Kind, r.Source.ID, size, r.SizeBytes, ErrOutOfRange)
+		return fmt.Errorf("the %s %s is %d bytes, more than the %d asked for: %w", r.Source.Kind, r.Source.ID, size, r.SizeBytes, errkind.ErrOutOfRange)
 	}
 	if fs != r.FsType {
-		return fmt.Errorf("the %s %s holds %s, the new volume asks for %s: %w", r.Source.Kind, r.Source.ID, fs, r.FsType, ErrInvalid)
+		return fmt.Errorf("the %s %s holds %s, the new volume asks for %s: %w", r.Source.Kind, r.Source.ID, fs, r.FsType, errkind.ErrInvalid)
 	}
 	return nil
 }
@@ -198,7 +199,7 @@ func (p *Pool) DeleteSnapshot(id string) error {
 // DeleteHeldSnapshot deletes a snapshot named by a handle that names no
 // node, which may be any node's. A snapshot this pool holds is deleted, one
 // it deleted (within store.DeletedRetention) is done; one it never held is
-// on another node and is left alone: ErrElsewhere, not success, or its
+// on another node and is left alone: errkind.ErrElsewhere, not success, or its
 // VolumeSnapshotContent would go while its image stays on its node for
 // ever. Snapshot ids are random and made by one pool, so "never held" is
 // known here. An id of a shape this pool never makes is no snapshot
@@ -216,7 +217,7 @@ func (p *Pool) DeleteHeldSnapshot(id string) error {
 		if deleted {
 			return nil
 		}
-		return fmt.Errorf("snapshot %s was never in this node's pool: %w", id, ErrElsewhere)
+		return fmt.Errorf("snapshot %s was never in this node's pool: %w", id, errkind.ErrElsewhere)
 	}
 	if err != nil {
 		return err

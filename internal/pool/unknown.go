@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -121,7 +122,7 @@ func (p *Pool) accountForImages(ctx context.Context, policy string) error {
 		"Restore the newest podvol.db and restart; or restart with --unknown-images=adopt to record the images again "+
 		"(ids and sizes come from the files; names and StorageClass parameters are lost, so adopted volumes get default parameters); "+
 		"or with --unknown-images=delete if they are known to be junk: %w",
-		p.dir, len(vols), brief(vols), len(snaps), brief(snaps), filepath.Join(p.dir, "podvol.db"), ErrUnaccounted)
+		p.dir, len(vols), brief(vols), len(snaps), brief(snaps), filepath.Join(p.dir, "podvol.db"), errkind.ErrUnaccounted)
 }
 
 // brief lists at most a few ids, so that the message stays readable.

@@ -6,9 +6,9 @@
 //
 // It is a package of its own, with no I/O, because its inputs come straight
 // from users and are fuzzed (make fuzz): a fuzz build instruments every
-// package the target links again, and this one links 28 outside the
-// standard library (the pool's constants and error kinds, the quantity
-// parser) where the driver links 470: minutes on a cold machine.
+// package the target links again, and this one links only the error kinds
+// (internal/errkind) and the quantity parser, where the driver links
+// hundreds of packages: minutes on a cold machine.
 package size
 
 import (
@@ -20,13 +20,30 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
 )
 
+const (
+	MiB = int64(1) << 20
+	GiB = int64(1) << 30
+
+	// DefaultVolumeSize is used when a request names no size.
+	DefaultVolumeSize = 1 * GiB
+)
+
+// MinSize is the smallest volume each filesystem can be made on. mkfs.xfs
+// refuses anything under 300 MiB since xfsprogs 5.19.
+func MinSize(fsType string) int64 {
+	if fsType == "xfs" {
+		return 300 * MiB
+	}
+	return 16 * MiB
+}
+
 // Error is a refused request: its message says what and why, Kind is the
-// rule it broke, pool.ErrOutOfRange (a request no pool can meet whatever its
+// rule it broke, errkind.ErrOutOfRange (a request no pool can meet whatever its
 // capacity: a negative range, a limit below what is required, a size beyond
-// Max or the caller's bound) or pool.ErrInvalid (a quantity that is not one,
+// Max or the caller's bound) or errkind.ErrInvalid (a quantity that is not one,
 // or is not positive). The driver maps kinds to codes, as it does the pool's.
 type Error struct {
 	Kind error
@@ -39,11 +56,11 @@ func (e *Error) Error() string { return e.msg }
 func (e *Error) Unwrap() error { return e.Kind }
 
 func outOfRange(format string, a ...any) error {
-	return &Error{Kind: pool.ErrOutOfRange, msg: fmt.Sprintf(format, a...)}
+	return &Error{Kind: errkind.ErrOutOfRange, msg: fmt.Sprintf(format, a...)}
 }
 
 func invalid(format string, a ...any) error {
-	return &Error{Kind: pool.ErrInvalid, msg: fmt.Sprintf(format, a...)}
+	return &Error{Kind: errkind.ErrInvalid, msg: fmt.Sprintf(format, a...)}
 }
 
 // Max is the largest size a volume can have anywhere: the largest whole MiB
@@ -52,7 +69,7 @@ func invalid(format string, a ...any) error {
 // is left to the pool's capacity check (RESOURCE_EXHAUSTED with the numbers,
 // so that the scheduler can try another node), which refuses it before
 // anything is recorded.
-const Max = math.MaxInt64 &^ (pool.MiB - 1)
+const Max = math.MaxInt64 &^ (MiB - 1)
 
 // For is UpTo with the only bound every pool shares, Max.
 func For(required, limit int64, fsType string) (int64, error) {
@@ -79,13 +96,13 @@ func UpTo(req, lim int64, fsType string, maxSize int64) (int64, error) {
 	}
 	size := req
 	if size == 0 {
-		size = pool.DefaultVolumeSize
+		size = DefaultVolumeSize
 		if lim > 0 && lim < size {
 			size = lim
 		}
 	}
-	size = max(size, pool.MinSize(fsType))
-	rounded, ok := roundUp(size, pool.MiB)
+	size = max(size, MinSize(fsType))
+	rounded, ok := roundUp(size, MiB)
 	if lim > 0 && (!ok || rounded > lim) {
 		// A limit that is not a whole MiB still gets a volume if a 4 KiB
 		// multiple fits.

@@ -10,7 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/errkind"
 )
 
 var fuzzFsTypes = []string{"", "ext4", "xfs"}
@@ -26,18 +26,18 @@ func referenceSize(req, lim, maxSize int64, fsType string) (int64, bool) {
 	}
 	size := req
 	if size == 0 {
-		size = pool.DefaultVolumeSize
+		size = DefaultVolumeSize
 		if lim > 0 && lim < size {
 			size = lim
 		}
 	}
-	size = max(size, pool.MinSize(fsType))
+	size = max(size, MinSize(fsType))
 	roundUp := func(m int64) *big.Int {
 		n := new(big.Int).Add(big.NewInt(size), big.NewInt(m-1))
 		n.Quo(n, big.NewInt(m))
 		return n.Mul(n, big.NewInt(m))
 	}
-	r := roundUp(pool.MiB)
+	r := roundUp(MiB)
 	if lim > 0 && r.Cmp(big.NewInt(lim)) > 0 {
 		r = roundUp(4096)
 	}
@@ -49,12 +49,11 @@ func referenceSize(req, lim, maxSize int64, fsType string) (int64, bool) {
 
 func FuzzSizeFor(f *testing.F) {
 	const (
-		MiB = pool.MiB
 		top = int64(math.MaxInt64)
 	)
-	interesting := []int64{0, 1, 4095, 4096, MiB - 1, MiB, MiB + 1, 16 * MiB, 20*MiB + 4096, 300 * MiB, pool.GiB,
+	interesting := []int64{0, 1, 4095, 4096, MiB - 1, MiB, MiB + 1, 16 * MiB, 20*MiB + 4096, 300 * MiB, GiB,
 		Max - 1, Max, Max + 1, top - 4095, top - 1, top, -1, math.MinInt64}
-	maxes := []int64{Max, top, pool.GiB, 200 * pool.GiB, 20*MiB + 4096, 0, -1}
+	maxes := []int64{Max, top, GiB, 200 * GiB, 20*MiB + 4096, 0, -1}
 	n := 0
 	for _, req := range interesting {
 		for _, lim := range []int64{0, req - 1, req + 4095, top} {
@@ -66,13 +65,13 @@ func FuzzSizeFor(f *testing.F) {
 		fs := fuzzFsTypes[int(fsSel)%len(fuzzFsTypes)]
 		got, err := UpTo(req, lim, fs, maxSize)
 		if err != nil {
-			if !errors.Is(err, pool.ErrOutOfRange) {
+			if !errors.Is(err, errkind.ErrOutOfRange) {
 				t.Fatalf("UpTo(%d, %d, %q, max %d): %v, not out of range", req, lim, fs, maxSize, err)
 			}
 		} else {
 			switch {
-			case got <= 0, got%4096 != 0, got < req, lim > 0 && got > lim, got > maxSize, got < pool.MinSize(fs):
-				t.Fatalf("UpTo(%d, %d, %q, max %d) = %d: not a positive 4 KiB multiple within [max(required, %d), limit, max]", req, lim, fs, maxSize, got, pool.MinSize(fs))
+			case got <= 0, got%4096 != 0, got < req, lim > 0 && got > lim, got > maxSize, got < MinSize(fs):
+				t.Fatalf("UpTo(%d, %d, %q, max %d) = %d: not a positive 4 KiB multiple within [max(required, %d), limit, max]", req, lim, fs, maxSize, got, MinSize(fs))
 			}
 		}
 		// Today's rounding rules, for every input they can be met on.
@@ -109,7 +108,7 @@ func FuzzParseQuantitySize(f *testing.F) {
 			t.Fatalf("ParseQuantity(%q) took %s", s, d)
 		}
 		if err != nil {
-			if !errors.Is(err, pool.ErrInvalid) && !errors.Is(err, pool.ErrOutOfRange) {
+			if !errors.Is(err, errkind.ErrInvalid) && !errors.Is(err, errkind.ErrOutOfRange) {
 				t.Fatalf("ParseQuantity(%q): %v, neither invalid nor out of range", s, err)
 			}
 			return

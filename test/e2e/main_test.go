@@ -41,6 +41,7 @@ func TestMain(m *testing.M) {
 		if !wasUp {
 			_ = cluster.Down(context.Background())
 		}
+		hostMount.remove()
 		os.Exit(1)
 	}
 	code := m.Run()

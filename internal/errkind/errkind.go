@@ -1,9 +1,15 @@
-package pool
+// Package errkind holds the kinds of error every layer below the gRPC edge
+// wraps (fmt.Errorf("...: %w", errkind.ErrX)), so that the driver can tell a
+// refused request from a failure without knowing who refused it. Only the
+// gRPC edge (toStatus in internal/driver) turns a kind into a status code.
+//
+// It imports nothing but the standard library, so that a package which only
+// needs to say what kind of failure it returns (internal/size, fuzzed) does
+// not link the pool, its metadata store and the machine.
+package errkind
 
 import "errors"
 
-// Error kinds. Callers wrap them with context (fmt.Errorf("...: %w", ErrX));
-// only the gRPC edge turns them into status codes.
 var (
 	ErrNotFound = errors.New("not found")
 	ErrConflict = errors.New("exists with different attributes")
