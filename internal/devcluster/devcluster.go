@@ -327,7 +327,7 @@ func (c *Cluster) buildImages() error {
 	}
 	tools, err := hostBinaries("mount", "umount", "blkid", "mke2fs", "mkfs.ext4", "e2fsck", "resize2fs", "mkfs.xfs", "xfs_growfs", "xfs_io")
 	if err != nil {
-		return err
+		return fmt.Errorf("the plugin image (install e2fsprogs, xfsprogs, mount): %w", err)
 	}
 	plugin := append([]file{{path: "/podvol-plugin", from: c.bins["podvol-plugin"], mode: 0o755}, {path: "/tmp", isDir: true}}, tools...)
 	if _, err := os.Stat("/etc/mke2fs.conf"); err == nil {

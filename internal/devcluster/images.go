@@ -186,7 +186,7 @@ func hostBinaries(names ...string) ([]file, error) {
 	for _, n := range names {
 		p, err := exec.LookPath(n)
 		if err != nil {
-			return nil, fmt.Errorf("%s is needed in the plugin image but not installed here (install e2fsprogs, xfsprogs, mount): %w", n, err)
+			return nil, fmt.Errorf("%s is needed in an image but is not installed here: %w", n, err)
 		}
 		if err := addFile(p); err != nil {
 			return nil, err

@@ -26,10 +26,6 @@ func (c *Cluster) ImportTestImages(ctx context.Context, refs []string, agnhost s
 	if err != nil {
 		return nil, nil, err
 	}
-	dir := c.path("test-images")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, nil, err
-	}
 	for _, ref := range refs {
 		name := path.Base(ref)
 		if i := strings.LastIndex(name, ":"); i >= 0 {
@@ -48,18 +44,70 @@ func (c *Cluster) ImportTestImages(ctx context.Context, refs []string, agnhost s
 			unknown = append(unknown, ref)
 			continue
 		}
-		archive := c.path("test-images", strings.NewReplacer("/", "_", ":", "_").Replace(ref)+".oci.tar")
-		if err := img.write(archive); err != nil {
-			return built, unknown, fmt.Errorf("image %s: %w", ref, err)
-		}
-		for _, n := range c.Nodes {
-			if _, err := c.run(ctx, "ctr", "-a", n.ContainerdSock(), "-n", "k8s.io", "images", "import", "--no-unpack", archive); err != nil {
-				return built, unknown, fmt.Errorf("node %s: import %s: %w", n.Name, ref, err)
-			}
+		if err := c.importImage(ctx, img); err != nil {
+			return built, unknown, err
 		}
 		built = append(built, ref)
 	}
 	return built, unknown, nil
+}
+
+// importImage writes img as an OCI archive below test-images and imports it
+// into every node's containerd.
+func (c *Cluster) importImage(ctx context.Context, img image) error {
+	if err := os.MkdirAll(c.path("test-images"), 0o755); err != nil {
+		return err
+	}
+	archive := c.path("test-images", strings.NewReplacer("/", "_", ":", "_").Replace(img.ref)+".oci.tar")
+	if err := img.write(archive); err != nil {
+		return fmt.Errorf("image %s: %w", img.ref, err)
+	}
+	for _, n := range c.Nodes {
+		if _, err := c.run(ctx, "ctr", "-a", n.ContainerdSock(), "-n", "k8s.io", "images", "import", "--no-unpack", archive); err != nil {
+			return fmt.Errorf("node %s: import %s: %w", n.Name, img.ref, err)
+		}
+	}
+	return nil
+}
+
+// ImportToolImage builds an image of host programs (e.g. fio, a Debian
+// binary with dozens of shared libraries) with the shared libraries ldd
+// says they load and the test images' shell userland, and imports it into
+// every node's containerd as ref. Its entrypoint is sh; the programs keep
+// their host paths. It is how a benchmark runs a host tool in a pod with no
+// registry.
+func (c *Cluster) ImportToolImage(ctx context.Context, ref string, programs ...string) error {
+	if !c.Running() {
+		return fmt.Errorf("the dev cluster is not running")
+	}
+	img, err := toolImage(ref, programs...)
+	if err != nil {
+		return err
+	}
+	return c.importImage(ctx, img)
+}
+
+func toolImage(ref string, programs ...string) (image, error) {
+	files, err := testShellFiles()
+	if err != nil {
+		return image{}, err
+	}
+	tools, err := hostBinaries(programs...)
+	if err != nil {
+		return image{}, fmt.Errorf("image %s: %w", ref, err)
+	}
+	// A library both the shell and a tool load is in the image once.
+	seen := map[string]bool{}
+	for _, f := range files {
+		seen[f.path] = true
+	}
+	for _, f := range tools {
+		if !seen[f.path] {
+			seen[f.path] = true
+			files = append(files, f)
+		}
+	}
+	return image{ref: ref, entrypoint: []string{"/bin/sh"}, files: files}, nil
 }
 
 // testShellFiles is a busybox userland whose dd is GNU dd and whose sh is
