@@ -45,3 +45,21 @@ func TestGracePatchWithoutTheFlag(t *testing.T) {
 		t.Fatalf("got %v, want an error naming %s", err, graceFlag)
 	}
 }
+
+// A node's mount namespace starts as a copy of the host's: the loop-backed
+// mounts that are not its pool (another test's volume, another node's pool)
+// are the ones it lets go of.
+func TestLoopMountsBut(t *testing.T) {
+	mountinfo := `22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 22 7:3 / /var/lib/podvol-dev/nodes/1/pool rw,relatime - xfs /dev/loop3 rw
+31 22 7:4 / /var/lib/podvol-dev/nodes/2/pool rw,relatime - xfs /dev/loop4 rw
+40 22 7:9 / /tmp/podvol-test-1/pods/pv\040one-mount rw,relatime - xfs /dev/loop9 rw,discard
+41 22 0:50 / /dev/shm rw - tmpfs tmpfs rw
+42 22 7:1 / / rw - ext4 /dev/loop1 rw
+`
+	got := loopMountsBut(mountinfo, "/var/lib/podvol-dev/nodes/1/pool")
+	want := []string{"/var/lib/podvol-dev/nodes/2/pool", "/tmp/podvol-test-1/pods/pv one-mount"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}

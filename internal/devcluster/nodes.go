@@ -316,6 +316,19 @@ func (n *Node) namespaces(ctx context.Context) error {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
+	// The copy holds whatever else the host had mounted from a loop device
+	// at this moment, other tests' volumes among them (make test runs the
+	// host's tests beside the cluster's): a private copy never sees their
+	// unmount, keeps their filesystems alive, and their loop devices could
+	// not detach until the node went.
+	mounts, err := c.run(ctx, "nsenter", append(n.enter(), "cat", "/proc/self/mountinfo")...)
+	if err != nil {
+		return fmt.Errorf("node %s: its mounts: %w", n.Name, err)
+	}
+	for _, m := range loopMountsBut(mounts, n.PoolDir()) {
+		// One above it may have taken it along already.
+		_ = in("umount", "-l", m)
+	}
 	if err := ipCmd("link", "set", n.veth(), "master", bridge, "up"); err != nil {
 		return err
 	}
@@ -629,4 +642,40 @@ func (n *Node) removeNetwork() error {
 // host-network pods listen on the node's own loopback (podvol's metrics).
 func (n *Node) Fetch(ctx context.Context, url string) (string, error) {
 	return n.c.run(ctx, "nsenter", "--net="+n.netNS(), "--", "busybox", "wget", "-q", "-O", "-", url)
+}
+
+// loopMountsBut lists the mount points in mountinfo (the format of
+// /proc/self/mountinfo) whose source is a loop device, but keep and the
+// root, outermost first.
+func loopMountsBut(mountinfo, keep string) []string {
+	var out []string
+	for _, l := range strings.Split(mountinfo, "\n") {
+		pre, post, ok := strings.Cut(l, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 2 || !strings.HasPrefix(g[1], "/dev/loop") {
+			continue
+		}
+		// Spaces and the like come octal-escaped (\040).
+		point := unescapeMountinfo(f[4])
+		if point == "/" || point == keep {
+			continue
+		}
+		out = append(out, point)
+	}
+	return out
+}
+
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

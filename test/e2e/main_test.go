@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	// Lease lasts 40 s), as an admin's overlay would set it.
 	cluster = devcluster.New(devcluster.Config{Out: os.Stderr, NodeLossGrace: time.Minute})
 	wasUp := cluster.Running()
+	if !wasUp {
+		hostMount = mountScratch()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	err := cluster.Up(ctx)
 	cancel()
@@ -41,6 +44,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	hostMount.remove()
 	if code == 0 {
 		code = checkNoRestarts()
 	}
@@ -67,6 +71,7 @@ func TestCluster(t *testing.T) {
 		run  func(*testing.T)
 	}
 	for _, c := range []test{
+		{"NodesLetGoOfHostMounts", testNodesLetGoOfHostMounts},
 		{"GenericEphemeral", testGenericEphemeral},
 		{"Inline", testInline},
 	} {

@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -45,8 +46,23 @@ type Runtime struct {
 	MemoryMiB int
 }
 
-// Accel is kvm when /dev/kvm can be opened and answers, tcg otherwise.
+// Accel is the accelerator guests get: kvm when /dev/kvm can be opened and
+// answers, tcg otherwise or once a guest failed to come up under kvm (see
+// Boot).
 func Accel() string {
+	if kvmFailed.Load() {
+		return "tcg"
+	}
+	return kvmAnswers()
+}
+
+// /dev/kvm can answer and still be unable to run a guest (nested
+// virtualization here: "KVM internal error. Suberror: 1, emulation
+// failure", after which QEMU pauses the guest for good): the first guest
+// under kvm proves it, or sends every guest after it to tcg.
+var kvmProven, kvmFailed atomic.Bool
+
+func kvmAnswers() string {
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {
 		return "tcg"
@@ -184,6 +200,28 @@ type Disk struct {
 // Boot starts a guest with disk and waits for its agent; it mounts nothing.
 // The caller must Stop the sandbox.
 func (r *Runtime) Boot(ctx context.Context, id string, disk Disk) (*Sandbox, error) {
+	if Accel() == "kvm" && !kvmProven.Load() {
+		// Under kvm a guest is up in about a second.
+		s, err := r.boot(ctx, id, disk, "kvm", 20*time.Second)
+		if err == nil {
+			kvmProven.Store(true)
+			return s, nil
+		}
+		msg := err.Error()
+		if i := strings.IndexByte(msg, '\n'); i > 0 {
+			msg = msg[:i]
+		}
+		r.logf("sandbox %s: no guest under kvm (%s), although /dev/kvm answers: tcg from now on", id, msg)
+		kvmFailed.Store(true)
+		if err := os.RemoveAll(filepath.Join(r.Sandboxes, id)); err != nil {
+			return nil, err
+		}
+	}
+	return r.boot(ctx, id, disk, Accel(), 90*time.Second)
+}
+
+// boot starts the guest under accel and waits up to ready for its agent.
+func (r *Runtime) boot(ctx context.Context, id string, disk Disk, accel string, ready time.Duration) (*Sandbox, error) {
 	s := &Sandbox{ID: id, r: r, dir: filepath.Join(r.Sandboxes, id), exited: make(chan struct{})}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, err
@@ -229,7 +267,7 @@ func (r *Runtime) Boot(ctx context.Context, id string, disk Disk) (*Sandbox, err
 		return nil, errors.New("a sandbox needs a disk path or a virtiofsd socket")
 	}
 	args := append([]string{
-		"-M", machine, "-accel", Accel(), "-m", fmt.Sprint(mem), "-smp", "1",
+		"-M", machine, "-accel", accel, "-m", fmt.Sprint(mem), "-smp", "1",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		// Virtio 1.0 over MMIO, as Kata's and Firecracker's guests get:
 		// QEMU's microvm defaults to the legacy interface, which
@@ -255,7 +293,7 @@ func (r *Runtime) Boot(ctx context.Context, id string, disk Disk) (*Sandbox, err
 	if err := s.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
-	r.logf("sandbox %s: qemu pid %d, %s, disk %+v", id, s.cmd.Process.Pid, Accel(), disk)
+	r.logf("sandbox %s: qemu pid %d, %s, disk %+v", id, s.cmd.Process.Pid, accel, disk)
 	go func() { s.waitErr = s.cmd.Wait(); close(s.exited) }()
 
 	// QEMU connects to the channel as it starts, before the guest runs.
@@ -277,14 +315,14 @@ func (r *Runtime) Boot(ctx context.Context, id string, disk Disk) (*Sandbox, err
 		return nil, fmt.Errorf("qemu did not connect to the agent channel\n%s", s.logs())
 	}
 	s.rd = bufio.NewReader(s.conn)
-	var ready Reply
-	if err := s.read(ctx, 90*time.Second, &ready); err != nil {
+	var up Reply
+	if err := s.read(ctx, ready, &up); err != nil {
 		return nil, fmt.Errorf("guest did not come up: %w\n%s", err, s.logs())
 	}
-	s.Device = ready.Device
+	s.Device = up.Device
 	s.Booted = time.Since(begin)
-	s.Uptime = ready.Uptime
-	r.logf("sandbox %s: guest agent ready after %v (guest uptime %s; disk %s)", id, s.Booted.Round(time.Millisecond), ready.Uptime, s.Device)
+	s.Uptime = up.Uptime
+	r.logf("sandbox %s: guest agent ready after %v (guest uptime %s; disk %s)", id, s.Booted.Round(time.Millisecond), up.Uptime, s.Device)
 	ok = true
 	return s, nil
 }
