@@ -252,7 +252,7 @@ func Markdown(r *Result, m Meta) string {
 	p("writes this file, `%s`, `%s` (one row a pod, each event in ms after the pod's creation) and", pngName, podsCSV)
 	p("`%s` beside it. It answers the SIG Storage thread's question: what does a generic ephemeral volume (a PVC", summaryCSV)
 	p("made for each pod) cost a pod's start-up, next to a CSI inline volume and an `emptyDir`? On the dev cluster")
-	p("(README, \"The dev cluster\": Kubernetes %s, real kubelets, containerd, kube-scheduler and the CSI sidecars),", m.Kubernetes)
+	p("(docs/dev-cluster.md: Kubernetes %s, real kubelets, containerd, kube-scheduler and the CSI sidecars),", m.Kubernetes)
 	p("it starts pods of the dev cluster's busybox image (`devcluster.Image`) that write one file into their volume and sleep:")
 	p("")
 	for _, c := range r.Cells {

@@ -1,6 +1,6 @@
 // Package size turns what a user asks for, a CSI capacity range or a
 // Kubernetes quantity in an inline volume's attributes, into a volume's size
-// in bytes, by the sizing rules in the README ("Sizes"). Its errors say which
+// in bytes, by the sizing rules in docs/features.md ("Sizes"). Its errors say which
 // rule a request broke (see Error); the driver maps them to CSI codes at the
 // gRPC edge.
 //

@@ -15,7 +15,7 @@ import (
 
 var fuzzFsTypes = []string{"", "ext4", "xfs"}
 
-// referenceSize is the README's sizing rule ("Sizes") in arbitrary
+// referenceSize is the sizing rule of docs/features.md ("Sizes") in arbitrary
 // precision, where nothing can overflow: required bytes (or the default, at
 // most the limit), at least the filesystem's minimum, rounded up to a whole
 // MiB, or to 4 KiB when the MiB would pass the limit; within the limit and

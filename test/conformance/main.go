@@ -3,7 +3,7 @@
 // tools/e2e/build.sh) against podvol on the dev cluster, once per test-driver
 // definition in this directory (ext4, xfs, raw block, inline ephemeral), and
 // prints what passed, failed and was skipped, and why. `make conformance`
-// runs it; see the README's Conformance section.
+// runs it; see docs/conformance.md.
 //
 // It brings the dev cluster up, or deploys podvol again on the running one
 // (which it then leaves running), builds the test images the suite runs and
@@ -51,7 +51,7 @@ type driver struct {
 	// or failed, not skipped), without and with -slow: fewer means a
 	// pattern stopped matching or a capability was dropped from a
 	// definition, and the run fails. They are what the run ran when last
-	// measured (README, Conformance) on a host with both limits below
+	// measured (docs/conformance.md) on a host with both limits below
 	// (a host without them runs more). Change them on purpose, with the
 	// run that shows the new count; 0: not measured yet.
 	floor, slowFloor int
@@ -67,7 +67,7 @@ var drivers = []driver{
 	// run ~15): the specs mostly wait on pods and polls, so two processes
 	// halve the wall time.
 	// Floors: the six runs' 87 specs of 2026-12-01 (commit 64fb913,
-	// README); [Slow]: block's 8 passed, the others not measured yet.
+	// docs/conformance.md); [Slow]: block's 8 passed, the others not measured yet.
 	{name: "ext4-snapshots", def: "ext4", focus: `Snapshot`, skip: `\(block volmode\)`, floor: 8},
 	{name: "ext4-rest", def: "ext4", skip: `\(block volmode\)|Snapshot`, floor: 27},
 	{name: "xfs-snapshots", def: "xfs", focus: `Snapshot`, skip: `\(block volmode\)`, floor: 8},
@@ -89,7 +89,7 @@ func (d driver) floorFor(slow bool) int {
 var narrow *regexp.Regexp
 
 // machineSkips are the only specs not run, by exact name, because this
-// machine cannot run them (README, "Conformance"). Keyed by definition, then
+// machine cannot run them (docs/conformance.md). Keyed by definition, then
 // by name, the reason.
 var machineSkips = map[string]map[string]string{}
 
@@ -693,7 +693,7 @@ func summarize(d driver, def, dir string, slow bool, took time.Duration) result 
 	}
 	if !slow {
 		for _, m := range d.machineSkipped() {
-			fmt.Fprintf(&b, "  not run on this host (by exact name; README, Conformance) %d: %s\n", m.n, m.why)
+			fmt.Fprintf(&b, "  not run on this host (by exact name; docs/conformance.md) %d: %s\n", m.n, m.why)
 		}
 	}
 	fmt.Fprintf(&b, "  report: %s/junit.xml, log: %s/e2e.log\n", dir, dir)

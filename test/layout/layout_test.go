@@ -22,13 +22,14 @@ type entry struct {
 	text  string
 }
 
-// parseLayout reads the indented block under the "## Repository layout"
-// heading. An entry starts at four spaces of indent with its paths, a
-// comma-separated list ended by two spaces; a line indented further
-// continues the entry above.
+// parseLayout reads the list under the "## Repository layout" heading. An
+// entry is a list item that starts with its paths in backquotes, separated
+// by commas and ended by a colon ("- `tools/k8s/`, `tools/e2e/`: build
+// ..."); a line indented under it continues its text.
 func parseLayout(doc string) []entry {
 	var out []entry
 	in := false
+	path := regexp.MustCompile("`([^`]+)`")
 	sc := bufio.NewScanner(strings.NewReader(doc))
 	for sc.Scan() {
 		line := sc.Text()
@@ -36,38 +37,25 @@ func parseLayout(doc string) []entry {
 			in = line == "## Repository layout"
 			continue
 		}
-		if !in || !strings.HasPrefix(line, "    ") {
+		if !in {
 			continue
 		}
-		body := line[4:]
-		if strings.HasPrefix(body, " ") {
-			if len(out) > 0 {
-				out[len(out)-1].text += " " + strings.TrimSpace(body)
+		if body, ok := strings.CutPrefix(line, "- `"); ok {
+			head, text, ok := strings.Cut("`"+body, "`: ")
+			if !ok {
+				continue
 			}
+			var e entry
+			for _, m := range path.FindAllStringSubmatch(head+"`", -1) {
+				e.paths = append(e.paths, m[1])
+			}
+			e.text = text
+			out = append(out, e)
 			continue
 		}
-		head, text, _ := strings.Cut(body, "  ")
-		var e entry
-		for _, p := range strings.Split(head, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				e.paths = append(e.paths, p)
-			}
+		if strings.HasPrefix(line, "  ") && len(out) > 0 {
+			out[len(out)-1].text += " " + strings.TrimSpace(line)
 		}
-		// "tools/k8s/, tools/sidecars/, ..." wraps its list of paths onto
-		// the description's side: a path list ends at the first word that
-		// is not a path.
-		rest := strings.TrimSpace(text)
-		for {
-			w, after, _ := strings.Cut(rest, " ")
-			w = strings.TrimSuffix(w, ",")
-			if !strings.HasSuffix(w, "/") || !strings.Contains(strings.TrimSuffix(w, "/"), "/") {
-				break
-			}
-			e.paths = append(e.paths, w)
-			rest = after
-		}
-		e.text = rest
-		out = append(out, e)
 	}
 	return out
 }
@@ -147,7 +135,7 @@ func TestEveryInternalPackageIsInTheLayout(t *testing.T) {
 	}
 	layout := parseLayout(string(doc))
 	if len(layout) == 0 {
-		t.Fatal(`CONTRIBUTING.md has no "## Repository layout" block of four-space-indented entries`)
+		t.Fatal("CONTRIBUTING.md has no \"## Repository layout\" list of entries (- `path`: what it is)")
 	}
 	pkgs := goPackages(t, root, "internal")
 	if len(pkgs) == 0 {
@@ -172,18 +160,13 @@ func TestEveryInternalPackageIsInTheLayout(t *testing.T) {
 // The check can fail: a layout without a package, or naming a sibling
 // whose name only starts the same, reports it.
 func TestMissingFindsAnUndocumentedPackage(t *testing.T) {
-	layout := parseLayout(`# x
-
-## Repository layout
-
-    internal/node/           stage and publish
-    internal/controller/     ephemeral/, nodeloss/ reconcilers
-    tools/k8s/, tools/sidecars/, tools/e2e/  build things
-                             continued
-
-## Build
-    internal/pool/           not the layout
-`)
+	layout := parseLayout("# x\n\n## Repository layout\n\n" +
+		"- `internal/node`: stage and publish\n" +
+		"- `internal/controller/`: ephemeral/, nodeloss/ reconcilers\n" +
+		"- `tools/k8s/`, `tools/sidecars/`, `tools/e2e/`: build things\n" +
+		"  continued\n\n" +
+		"## Build\n\n" +
+		"- `internal/pool`: not the layout\n")
 	got := missing(layout, []string{"internal/node", "internal/pool", "internal/controller/nodeloss",
 		"internal/controller/node", "internal/controller/sourceplacement", "tools/e2e"})
 	want := []string{"internal/pool", "internal/controller/node", "internal/controller/sourceplacement"}
