@@ -93,9 +93,9 @@ func removeNodeFinalizers() error {
 	// event, which our own patch is: 10 s is plenty to see it.
 	n, err := nodeloss.RemoveFinalizers(ctx, c, 10*time.Second)
 	if err != nil {
-		return fmt.Errorf("remove finalizer %s from the Nodes (removed from %d): %w", nodeloss.Finalizer, n, err)
+		return fmt.Errorf("remove finalizer %s from the Nodes (removed from %d): %w", names.NodeLossFinalizer, n, err)
 	}
-	klog.InfoS("Removed node-loss's finalizer from every Node", "finalizer", nodeloss.Finalizer, "nodes", n)
+	klog.InfoS("Removed node-loss's finalizer from every Node", "finalizer", names.NodeLossFinalizer, "nodes", n)
 	return nil
 }
 

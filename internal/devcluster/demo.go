@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // Image is the busybox image every demo and e2e pod runs.
@@ -325,7 +327,7 @@ func (c *Cluster) demoClone(ctx context.Context, ns string) (string, string, err
 // demoEphemeralClone: podvol-controller gives a clone back to the next pod
 // as a fresh copy of its source, whatever the last pod wrote.
 func (c *Cluster) demoEphemeralClone(ctx context.Context, ns string) (string, string, error) {
-	if err := c.cloneOfDB(ctx, ns, "db-scratch", "podvol.io/lifecycle: reset-on-detach"); err != nil {
+	if err := c.cloneOfDB(ctx, ns, "db-scratch", names.Lifecycle+": "+names.ResetOnDetach); err != nil {
 		return "", "", err
 	}
 	if _, err := c.readerPod(ctx, ns, "scratch-user", "db-scratch"); err != nil {

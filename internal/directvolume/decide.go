@@ -8,11 +8,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-)
 
-// Annotation on a RuntimeClass whose pods run in microVMs that take
-// direct-assigned volumes.
-const Annotation = "podvol.io/direct-assign"
+	"github.com/podvol/podvol/internal/names"
+)
 
 // Decider tells, for directAssign=auto, whether a pod runs in a sandbox that
 // takes direct-assigned volumes: its RuntimeClass carries the annotation.
@@ -57,7 +55,7 @@ func (d *Decider) Direct(ctx context.Context, namespace, name string) (bool, err
 	if err != nil {
 		return false, fmt.Errorf("directAssign=auto: cannot read RuntimeClass %s of pod %s/%s: %w", *rc, namespace, name, err)
 	}
-	direct := obj.Annotations[Annotation] == "true"
+	direct := obj.Annotations[names.DirectAssignAnnotation] == "true"
 	d.mu.Lock()
 	if d.cache == nil {
 		d.cache = map[string]cached{}

@@ -1,6 +1,7 @@
 // Package names holds the names podvol's parts share with each other and
 // with Kubernetes objects: the driver, the topology key, the StorageClass
-// parameters and the annotations more than one part reads. The plugin, the controller, the dev cluster and the tests
+// parameters, and every podvol.io annotation, label and finalizer (no other
+// package spells one out). The plugin, the controller, the dev cluster and the tests
 // import them from here; the manifests in deploy/base spell them out, and
 // this package's test checks them against it.
 package names
@@ -35,3 +36,39 @@ const (
 	// clone-lifecycle's reset keeps the placement of a claim that has it.
 	SourceNode = "podvol.io/source-node"
 )
+
+// Annotations and labels of podvol-controller's clone-lifecycle: a claim
+// that is an ephemeral clone (Lifecycle: ResetOnDetach), its state, and the
+// stash of a reset in the controller's namespace.
+const (
+	Lifecycle     = "podvol.io/lifecycle"
+	ResetOnDetach = "reset-on-detach"
+	// Used marks a PVC a pod has used since it was (re)created.
+	Used = "podvol.io/used"
+	// ResetCount and LastReset make resets visible.
+	ResetCount = "podvol.io/reset-count"
+	LastReset  = "podvol.io/last-reset"
+	// StashClaim ("namespace/name") and StashOldUID on a stash name the
+	// claim it resets and the UID of the PVC it deleted; StashClaimNamespace
+	// labels stashes by the claim's namespace, for kubectl -l.
+	StashClaim          = "podvol.io/claim"
+	StashOldUID         = "podvol.io/old-uid"
+	StashClaimNamespace = "podvol.io/claim-namespace"
+)
+
+// Node-loss's finalizer, and the labels and annotation of its records of
+// released volumes.
+const (
+	// NodeLossFinalizer keeps a deleted Node until its volumes are released.
+	NodeLossFinalizer = "podvol.io/release-local-volumes"
+	// ReleasedLabel marks the ConfigMaps that record released volumes;
+	// ReleasedNodeLabel selects a node's (its name, or a hash of a name too
+	// long for a label value); ReleasedNodeAnnotation names their node.
+	ReleasedLabel          = "podvol.io/released-volumes"
+	ReleasedNodeLabel      = "podvol.io/released-node"
+	ReleasedNodeAnnotation = "podvol.io/node"
+)
+
+// DirectAssignAnnotation on a RuntimeClass marks pods that run in microVMs
+// taking direct-assigned volumes (directAssign: auto).
+const DirectAssignAnnotation = "podvol.io/direct-assign"

@@ -367,7 +367,7 @@ func TestResetOnDetach(t *testing.T) {
 	cs := spec.DeepCopy()
 	cs.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "golden"}
 	clone := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "work", Labels: map[string]string{"app": "ci"},
-		Annotations: map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach}}, Spec: *cs}
+		Annotations: map[string]string{names.Lifecycle: names.ResetOnDetach}}, Spec: *cs}
 	e.must(e.c.Create(bg, clone))
 	first := e.pvc(ns, "work").UID
 
@@ -377,13 +377,13 @@ func TestResetOnDetach(t *testing.T) {
 	user := podWith(ns, "user", claimVol("work"))
 	e.must(e.c.Create(bg, user))
 	setPhase(e, user, corev1.PodRunning)
-	e.eventually("the clone marked used", func() bool { return e.pvc(ns, "work").Annotations[clonelifecycle.Used] == "true" })
+	e.eventually("the clone marked used", func() bool { return e.pvc(ns, "work").Annotations[names.Used] == "true" })
 	e.never("a reset while a pod uses it", func() bool { return e.pvc(ns, "work").UID != first })
 
 	e.must(e.c.Delete(bg, user, client.GracePeriodSeconds(0)))
 	e.eventually("the clone reset", func() bool { p := e.pvc(ns, "work"); return p != nil && p.UID != first })
 	p := e.pvc(ns, "work")
-	if p.Annotations[clonelifecycle.ResetCount] != "1" || p.Annotations[clonelifecycle.LastReset] == "" || p.Annotations[clonelifecycle.Used] != "" ||
+	if p.Annotations[names.ResetCount] != "1" || p.Annotations[names.LastReset] == "" || p.Annotations[names.Used] != "" ||
 		p.Labels["app"] != "ci" || p.Spec.DataSource == nil || p.Spec.DataSource.Name != "golden" {
 		t.Fatalf("reset PVC: %+v %+v", p.ObjectMeta, p.Spec)
 	}
@@ -401,10 +401,10 @@ func TestResetOnDetach(t *testing.T) {
 	job := podWith(ns, "job", claimVol("work"))
 	e.must(e.c.Create(bg, job))
 	setPhase(e, job, corev1.PodRunning)
-	e.eventually("used again", func() bool { return e.pvc(ns, "work").Annotations[clonelifecycle.Used] == "true" })
+	e.eventually("used again", func() bool { return e.pvc(ns, "work").Annotations[names.Used] == "true" })
 	setPhase(e, job, corev1.PodSucceeded)
 	e.eventually("reset after the pod finished", func() bool { p := e.pvc(ns, "work"); return p != nil && p.UID != second })
-	if got := e.pvc(ns, "work").Annotations[clonelifecycle.ResetCount]; got != "2" {
+	if got := e.pvc(ns, "work").Annotations[names.ResetCount]; got != "2" {
 		t.Fatalf("reset count %q", got)
 	}
 	// Each reset has its own two messages.
@@ -423,7 +423,7 @@ func TestResetOnDetachStaleCache(t *testing.T) {
 	cs := spec.DeepCopy()
 	cs.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "golden"}
 	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "work",
-		Annotations: map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach, clonelifecycle.Used: "true"}}, Spec: *cs}))
+		Annotations: map[string]string{names.Lifecycle: names.ResetOnDetach, names.Used: "true"}}, Spec: *cs}))
 	first := e.pvc(ns, "work").UID
 	user := podWith(ns, "user", claimVol("work"))
 	e.must(e.c.Create(bg, user))
@@ -454,7 +454,7 @@ func TestCrossNamespaceSourceNeedsGrant(t *testing.T) {
 		s := spec.DeepCopy()
 		s.DataSourceRef = &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "image", Namespace: ptr.To(src)}
 		e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dst, Name: name,
-			Annotations: map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach}}, Spec: *s}))
+			Annotations: map[string]string{names.Lifecycle: names.ResetOnDetach}}, Spec: *s}))
 		if p := e.pvc(dst, name); p.Spec.DataSourceRef == nil || p.Spec.DataSourceRef.Namespace == nil {
 			t.Fatal("the API server dropped dataSourceRef.namespace: CrossNamespaceVolumeDataSource is off")
 		}
@@ -478,7 +478,7 @@ func TestCrossNamespaceSourceNeedsGrant(t *testing.T) {
 	user := podWith(dst, "user", claimVol("allowed"))
 	e.must(e.c.Create(bg, user))
 	setPhase(e, user, corev1.PodRunning)
-	e.eventually("the granted clone in use", func() bool { return e.pvc(dst, "allowed").Annotations[clonelifecycle.Used] == "true" })
+	e.eventually("the granted clone in use", func() bool { return e.pvc(dst, "allowed").Annotations[names.Used] == "true" })
 	if ev := e.events(dst, "allowed"); strings.Contains(ev, "ReferenceGrantMissing") {
 		t.Fatalf("a granted source was refused: %s", ev)
 	}
@@ -516,7 +516,7 @@ func TestNodeLossReleasesVolumes(t *testing.T) {
 	node := e.node("n1", "podvol.io") // only nodes that run podvol are held
 	e.eventually("the node's finalizer", func() bool {
 		e.must(e.c.Get(bg, client.ObjectKey{Name: "n1"}, node))
-		return len(node.Finalizers) == 1 && node.Finalizers[0] == nodeloss.Finalizer
+		return len(node.Finalizers) == 1 && node.Finalizers[0] == names.NodeLossFinalizer
 	})
 	e.boundOn(ns, "data-db-0", "podvol", "n1")
 	e.boundOn(ns, "kept", "podvol-keep", "n1")
@@ -542,7 +542,7 @@ func TestNodeLossStaleCache(t *testing.T) {
 	e := start(t, "ephemeral-volume")
 	ns := e.ns("stale-sts")
 	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
-	e.must(e.c.Create(bg, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Finalizers: []string{nodeloss.Finalizer}}}))
+	e.must(e.c.Create(bg, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Finalizers: []string{names.NodeLossFinalizer}}}))
 	e.boundOn(ns, "data-db-0", "podvol", "n1")
 	e.must(e.c.Delete(bg, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}))
 	empty := interceptor.NewClient(e.c, interceptor.Funcs{

@@ -28,6 +28,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/podvol/podvol/internal/controller/nodeloss"
+	"github.com/podvol/podvol/internal/names"
 )
 
 // startNodeLoss runs an API server and node-loss alone, configured by
@@ -97,7 +98,7 @@ func (e *env) held(name string) bool {
 	e.t.Helper()
 	f, _ := e.finalizers(name)
 	for _, x := range f {
-		if x == nodeloss.Finalizer {
+		if x == names.NodeLossFinalizer {
 			return true
 		}
 	}
@@ -431,10 +432,10 @@ func releasedGauge(t *testing.T, node string) (float64, bool) {
 func (e *env) records(ns, node string) (map[string]string, int) {
 	e.t.Helper()
 	l := &corev1.ConfigMapList{}
-	e.must(e.c.List(bg, l, client.InNamespace(ns), client.MatchingLabels{nodeloss.ReleasedLabel: "true"}))
+	e.must(e.c.List(bg, l, client.InNamespace(ns), client.MatchingLabels{names.ReleasedLabel: "true"}))
 	all, n := map[string]string{}, 0
 	for _, cm := range l.Items {
-		if cm.Annotations[nodeloss.ReleasedNodeAnnotation] != node {
+		if cm.Annotations[names.ReleasedNodeAnnotation] != node {
 			continue
 		}
 		n++
@@ -476,8 +477,8 @@ func TestNodeLossRecordNearTheLimit(t *testing.T) {
 		size += len(v)
 	}
 	e.must(e.c.Create(bg, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "podvol-system", Name: nodeloss.ReleasedRecordName("n1"),
-		Labels:      map[string]string{nodeloss.ReleasedLabel: "true", "app.kubernetes.io/managed-by": "podvol-controller"},
-		Annotations: map[string]string{nodeloss.ReleasedNodeAnnotation: "n1"}}, Data: old}))
+		Labels:      map[string]string{names.ReleasedLabel: "true", "app.kubernetes.io/managed-by": "podvol-controller"},
+		Annotations: map[string]string{names.ReleasedNodeAnnotation: "n1"}}, Data: old}))
 	t.Logf("record of earlier losses: %d entries, %d bytes", len(old), size)
 
 	for i := range 3 {

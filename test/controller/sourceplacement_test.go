@@ -16,7 +16,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/podvol/podvol/internal/controller/clonelifecycle"
 	"github.com/podvol/podvol/internal/controller/sourceplacement"
 	"github.com/podvol/podvol/internal/names"
 )
@@ -510,12 +509,12 @@ func TestResetKeepsPlacement(t *testing.T) {
 	e.node("node-a")
 	e.node("node-c")
 	e.sourceOn(ns, "golden", "podvol.io", "node-a")
-	e.restore(ns, "work", "podvol", fromClaim("golden"), map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach})
+	e.restore(ns, "work", "podvol", fromClaim("golden"), map[string]string{names.Lifecycle: names.ResetOnDetach})
 	user := podWith(ns, "user", claimVol("work"))
 	e.must(e.c.Create(bg, user))
 	setPhase(e, user, corev1.PodRunning)
 	e.eventually("the clone placed on node-a and marked used", func() bool {
-		return e.placedOn(ns, "work", "node-a") && e.ann(ns, "work", clonelifecycle.Used) == "true"
+		return e.placedOn(ns, "work", "node-a") && e.ann(ns, "work", names.Used) == "true"
 	})
 	// Provisioned there, as node-a's provisioner would.
 	first := e.pvc(ns, "work")

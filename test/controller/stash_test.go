@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/podvol/podvol/internal/controller/clonelifecycle"
+	"github.com/podvol/podvol/internal/names"
 )
 
 // The ConfigMap a tenant may create in their own namespace under the name
@@ -29,7 +30,7 @@ func hostile(ns, name string) *corev1.PersistentVolumeClaim {
 	return &corev1.PersistentVolumeClaim{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"planted": "yes"},
-			Annotations: map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach},
+			Annotations: map[string]string{names.Lifecycle: names.ResetOnDetach},
 			Finalizers:  []string{"evil.example.com/keep"}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
@@ -54,7 +55,7 @@ func (e *env) plant(ns, claim string, pvc *corev1.PersistentVolumeClaim, oldUID 
 			// Every marker the controller ever put on its stash: a tenant
 			// can write them all.
 			Labels:      map[string]string{"app.kubernetes.io/managed-by": "podvol-controller"},
-			Annotations: map[string]string{"podvol.io/old-uid": string(oldUID)}},
+			Annotations: map[string]string{names.StashOldUID: string(oldUID)}},
 			Data: map[string]string{"pvc.json": string(b)}}
 		e.must(e.c.Create(bg, cm))
 		return
@@ -79,7 +80,7 @@ func (e *env) pvcsIn(ns string) []string {
 // claims of namespace ns.
 func (e *env) stashesFor(ns string) []string {
 	l := &corev1.ConfigMapList{}
-	e.must(e.c.List(bg, l, client.MatchingLabels{"podvol.io/claim-namespace": ns}))
+	e.must(e.c.List(bg, l, client.MatchingLabels{names.StashClaimNamespace: ns}))
 	var out []string
 	for _, cm := range l.Items {
 		out = append(out, cm.Namespace+"/"+cm.Name)
@@ -105,9 +106,9 @@ func (e *env) ephemeralClone(ns string, used bool) *corev1.PersistentVolumeClaim
 	e.must(e.c.Create(bg, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "golden"}, Spec: spec}))
 	cs := spec.DeepCopy()
 	cs.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "golden"}
-	ann := map[string]string{clonelifecycle.Lifecycle: clonelifecycle.ResetOnDetach, "note": "kept"}
+	ann := map[string]string{names.Lifecycle: names.ResetOnDetach, "note": "kept"}
 	if used {
-		ann[clonelifecycle.Used] = "true"
+		ann[names.Used] = "true"
 	}
 	clone := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "work", Labels: map[string]string{"app": "ci"},
 		Annotations: ann, Finalizers: []string{"test.podvol.io/hold"}}, Spec: *cs}
@@ -132,8 +133,8 @@ func (e *env) checkOwnDerivation(ns string, old types.UID, count string) {
 		e.t.Fatalf("the PVC created again does not have the original's spec: %+v", s)
 	}
 	if p.Labels["app"] != "ci" || p.Labels["planted"] != "" || len(p.Finalizers) != 0 || len(p.OwnerReferences) != 0 ||
-		p.Annotations[clonelifecycle.Lifecycle] != clonelifecycle.ResetOnDetach || p.Annotations["note"] != "kept" ||
-		p.Annotations[clonelifecycle.Used] != "" || p.Annotations[clonelifecycle.ResetCount] != count {
+		p.Annotations[names.Lifecycle] != names.ResetOnDetach || p.Annotations["note"] != "kept" ||
+		p.Annotations[names.Used] != "" || p.Annotations[names.ResetCount] != count {
 		e.t.Fatalf("the PVC created again does not have the original's metadata: %+v", p.ObjectMeta)
 	}
 }
@@ -186,7 +187,7 @@ func TestResetStashTamperedDuringReset(t *testing.T) {
 	user := podWith(a, "user", claimVol("work"))
 	e.must(e.c.Create(bg, user))
 	setPhase(e, user, corev1.PodRunning)
-	e.eventually("the clone marked used", func() bool { return e.pvc(a, "work").Annotations[clonelifecycle.Used] == "true" })
+	e.eventually("the clone marked used", func() bool { return e.pvc(a, "work").Annotations[names.Used] == "true" })
 
 	for i, tamper := range []*corev1.PersistentVolumeClaim{hostile(a, "work"), hostile(b, "work")} {
 		old := e.pvc(a, "work").UID
@@ -218,7 +219,7 @@ func TestResetStashTamperedDuringReset(t *testing.T) {
 		user = podWith(a, "user", claimVol("work"))
 		e.must(e.c.Create(bg, user))
 		setPhase(e, user, corev1.PodRunning)
-		e.eventually("the new clone marked used", func() bool { return e.pvc(a, "work").Annotations[clonelifecycle.Used] == "true" })
+		e.eventually("the new clone marked used", func() bool { return e.pvc(a, "work").Annotations[names.Used] == "true" })
 	}
 	if e.pvc(a, "work").UID == first {
 		t.Fatal("never reset")

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/test/kubetest"
 	"github.com/podvol/podvol/test/plugintest"
 )
@@ -33,7 +34,7 @@ func TestAutoDecidesByRuntimeClass(t *testing.T) {
 	defer cancel()
 
 	for name, ann := range map[string]map[string]string{
-		"kata": {"podvol.io/direct-assign": "true"},
+		"kata": {names.DirectAssignAnnotation: "true"},
 		"runc": nil,
 	} {
 		_, err := kc.NodeV1().RuntimeClasses().Create(ctx, &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann}, Handler: name}, metav1.CreateOptions{})

@@ -38,17 +38,6 @@ import (
 	"github.com/podvol/podvol/internal/names"
 )
 
-// Annotations.
-const (
-	Lifecycle     = "podvol.io/lifecycle"
-	ResetOnDetach = "reset-on-detach"
-	// Used marks a PVC a pod has used since it was (re)created.
-	Used = "podvol.io/used"
-	// ResetCount and LastReset make resets visible.
-	ResetCount = "podvol.io/reset-count"
-	LastReset  = "podvol.io/last-reset"
-)
-
 // The stash.
 //
 // A reset deletes a PVC and creates it again; the PVC to create is stashed
@@ -74,13 +63,6 @@ const (
 // ResetStashIgnored says so.
 const (
 	stashKey = "pvc.json"
-	// stashClaim ("namespace/name") and stashOldUID on a stash name the
-	// claim it resets and the UID of the PVC it deleted.
-	stashClaim  = "podvol.io/claim"
-	stashOldUID = "podvol.io/old-uid"
-	// stashClaimNamespace labels stashes by the claim's namespace, for
-	// kubectl -l.
-	stashClaimNamespace = "podvol.io/claim-namespace"
 )
 
 // stashName is the name of the stash of claim key in the stash namespace:
@@ -170,11 +152,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if done, res, err := r.finishReset(ctx, req.NamespacedName, pvc, gone); done {
 		return res, err
 	}
-	if gone || pvc.Annotations[Lifecycle] != ResetOnDetach || pvc.DeletionTimestamp != nil {
+	if gone || pvc.Annotations[names.Lifecycle] != names.ResetOnDetach || pvc.DeletionTimestamp != nil {
 		return ctrl.Result{}, nil
 	}
 	if pvc.Spec.DataSourceRef == nil && pvc.Spec.DataSource == nil {
-		r.Recorder.Eventf(pvc, nil, corev1.EventTypeWarning, "NoDataSource", "Reset", "%s=%s needs a dataSource or dataSourceRef to clone from", Lifecycle, ResetOnDetach)
+		r.Recorder.Eventf(pvc, nil, corev1.EventTypeWarning, "NoDataSource", "Reset", "%s=%s needs a dataSource or dataSourceRef to clone from", names.Lifecycle, names.ResetOnDetach)
 		return ctrl.Result{}, nil
 	}
 	if ok, why, err := r.granted(ctx, pvc); err != nil {
@@ -187,23 +169,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if !inUse && pvc.Annotations[Used] == "true" {
+	if !inUse && pvc.Annotations[names.Used] == "true" {
 		// A pod the cache has not seen yet may be about to use it.
 		if inUse, err = r.inUseLive(ctx, pvc); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
 	if inUse {
-		if pvc.Annotations[Used] != "true" {
+		if pvc.Annotations[names.Used] != "true" {
 			patch := client.MergeFrom(pvc.DeepCopy())
-			pvc.Annotations[Used] = "true"
+			pvc.Annotations[names.Used] = "true"
 			return ctrl.Result{}, r.Client.Patch(ctx, pvc, patch)
 		}
 		return ctrl.Result{}, nil
 	}
 	// Bound but never used, or not used yet since the last reset: a fresh
 	// clone already.
-	if pvc.Annotations[Used] != "true" {
+	if pvc.Annotations[names.Used] != "true" {
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{}, r.reset(ctx, pvc)
@@ -239,7 +221,7 @@ func running(p corev1.Pod) bool {
 // the binding of the old one, and Used. The placement (names.SelectedNode,
 // names.SourceNode) is derive's to decide.
 var dropped = map[string]bool{
-	Used: true, "pv.kubernetes.io/bind-completed": true, "pv.kubernetes.io/bound-by-controller": true, names.SelectedNode: true, names.SourceNode: true,
+	names.Used: true, "pv.kubernetes.io/bind-completed": true, "pv.kubernetes.io/bound-by-controller": true, names.SelectedNode: true, names.SourceNode: true,
 	"volume.kubernetes.io/storage-provisioner": true, "volume.beta.kubernetes.io/storage-provisioner": true, "kubectl.kubernetes.io/last-applied-configuration": true,
 }
 
@@ -295,10 +277,10 @@ func copyPtr[T any](p *T) *T {
 // reset stashes the PVC to be, then deletes the old one.
 func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
 	key := client.ObjectKeyFromObject(pvc)
-	count, _ := strconv.Atoi(pvc.Annotations[ResetCount])
+	count, _ := strconv.Atoi(pvc.Annotations[names.ResetCount])
 	next := derive(key, pvc)
-	next.Annotations[ResetCount] = strconv.Itoa(count + 1)
-	next.Annotations[LastReset] = time.Now().UTC().Format(time.RFC3339)
+	next.Annotations[names.ResetCount] = strconv.Itoa(count + 1)
+	next.Annotations[names.LastReset] = time.Now().UTC().Format(time.RFC3339)
 	b, err := json.Marshal(next)
 	if err != nil {
 		return err
@@ -307,8 +289,8 @@ func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClai
 	// deleted: finishReset creates a PVC only from a stash it finds here.
 	stash := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: stashName(key), Namespace: r.stashNamespace(),
-			Labels:      map[string]string{"app.kubernetes.io/managed-by": "podvol-controller", stashClaimNamespace: key.Namespace},
-			Annotations: map[string]string{stashClaim: key.String(), stashOldUID: string(pvc.UID)}},
+			Labels:      map[string]string{"app.kubernetes.io/managed-by": "podvol-controller", names.StashClaimNamespace: key.Namespace},
+			Annotations: map[string]string{names.StashClaim: key.String(), names.StashOldUID: string(pvc.UID)}},
 		Data: map[string]string{stashKey: string(b)},
 	}
 	err = r.Client.Create(ctx, stash)
@@ -316,9 +298,9 @@ func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClai
 		// From an earlier try at this reset whose delete did not happen
 		// (finishReset has removed any stash of another PVC of this name).
 		err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(stash), stash)
-		if err == nil && (stash.Annotations[stashClaim] != key.String() || stash.Annotations[stashOldUID] != string(pvc.UID)) {
+		if err == nil && (stash.Annotations[names.StashClaim] != key.String() || stash.Annotations[names.StashOldUID] != string(pvc.UID)) {
 			err = fmt.Errorf("stash %s/%s is for %s (UID %s), not this PVC (UID %s)",
-				stash.Namespace, stash.Name, stash.Annotations[stashClaim], stash.Annotations[stashOldUID], pvc.UID)
+				stash.Namespace, stash.Name, stash.Annotations[names.StashClaim], stash.Annotations[names.StashOldUID], pvc.UID)
 		}
 	}
 	if err != nil {
@@ -338,7 +320,7 @@ func (r *Reconciler) reset(ctx context.Context, pvc *corev1.PersistentVolumeClai
 // finishReset creates the stashed PVC once the old one is gone. done means
 // the reconcile is over.
 func (r *Reconciler) finishReset(ctx context.Context, key types.NamespacedName, pvc *corev1.PersistentVolumeClaim, gone bool) (bool, ctrl.Result, error) {
-	if !gone && pvc.Annotations[Lifecycle] != ResetOnDetach {
+	if !gone && pvc.Annotations[names.Lifecycle] != names.ResetOnDetach {
 		return false, ctrl.Result{}, nil
 	}
 	// ConfigMaps are not watched (nor cached): the stash is read live.
@@ -353,12 +335,12 @@ func (r *Reconciler) finishReset(ctx context.Context, key types.NamespacedName, 
 	if err != nil {
 		return true, ctrl.Result{}, err
 	}
-	oldUID := stash.Annotations[stashOldUID]
-	if stash.Annotations[stashClaim] != key.String() || oldUID == "" {
+	oldUID := stash.Annotations[names.StashOldUID]
+	if stash.Annotations[names.StashClaim] != key.String() || oldUID == "" {
 		// Not written by reset for this claim (edited by hand?): left to
 		// an admin.
 		log.FromContext(ctx).Error(nil, "Stash is not this claim's: ignored", "stash", stash.Namespace+"/"+stash.Name,
-			"claim", key.String(), "stashClaim", stash.Annotations[stashClaim], "oldUID", oldUID)
+			"claim", key.String(), "stashClaim", stash.Annotations[names.StashClaim], "oldUID", oldUID)
 		return false, ctrl.Result{}, nil
 	}
 	if !gone {
@@ -407,7 +389,7 @@ func (r *Reconciler) finishReset(ctx context.Context, key types.NamespacedName, 
 	case err != nil:
 		return true, ctrl.Result{}, fmt.Errorf("create PVC %s again: %w", key, err)
 	default:
-		r.Recorder.Eventf(next, nil, corev1.EventTypeNormal, "ResetOnDetach", "Create", "created again as a fresh clone (reset %s)", next.Annotations[ResetCount])
+		r.Recorder.Eventf(next, nil, corev1.EventTypeNormal, "ResetOnDetach", "Create", "created again as a fresh clone (reset %s)", next.Annotations[names.ResetCount])
 		r.warnTenantStash(ctx, key, next)
 	}
 	return true, ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, stash, client.Preconditions{UID: &stash.UID}))

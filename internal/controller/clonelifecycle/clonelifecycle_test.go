@@ -26,7 +26,7 @@ func TestDerivePlacement(t *testing.T) {
 		{"given back, and the scheduler chose another node", map[string]string{names.SelectedNode: "node-c", names.SourceNode: "node-a"}, "", ""},
 		{"never placed", nil, "", ""},
 	} {
-		ann := map[string]string{Lifecycle: ResetOnDetach, Used: "true"}
+		ann := map[string]string{names.Lifecycle: names.ResetOnDetach, names.Used: "true"}
 		for k, v := range c.ann {
 			ann[k] = v
 		}
@@ -42,7 +42,7 @@ func TestDerivePlacement(t *testing.T) {
 		if got := next.Annotations[names.SourceNode]; got != c.mark {
 			t.Errorf("%s: %s=%q, want %q", c.what, names.SourceNode, got, c.mark)
 		}
-		if next.Annotations[Lifecycle] != ResetOnDetach || next.Annotations[Used] != "" || next.Spec.VolumeName != "" {
+		if next.Annotations[names.Lifecycle] != names.ResetOnDetach || next.Annotations[names.Used] != "" || next.Spec.VolumeName != "" {
 			t.Errorf("%s: %v %+v", c.what, next.Annotations, next.Spec)
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // The finalizer that holds a deleted podvol Node until its volumes are
@@ -30,11 +32,11 @@ func (r *Reconciler) holdIfPodvol(ctx context.Context, node *corev1.Node) error 
 	if err != nil {
 		return err
 	}
-	has := controllerutil.ContainsFinalizer(node, Finalizer)
+	has := controllerutil.ContainsFinalizer(node, names.NodeLossFinalizer)
 	switch {
 	case runs && !has:
 		if err := r.Client.Patch(ctx, node, finalizerPatch(true)); err != nil {
-			return fmt.Errorf("add finalizer %s to node %s, which runs %s: %w", Finalizer, node.Name, r.Driver, err)
+			return fmt.Errorf("add finalizer %s to node %s, which runs %s: %w", names.NodeLossFinalizer, node.Name, r.Driver, err)
 		}
 		log.FromContext(ctx).Info("Holding a node that runs podvol until its volumes are dealt with", "node", node.Name)
 		r.announceReturn(ctx, node)
@@ -76,11 +78,11 @@ func (r *Reconciler) dropFinalizer(ctx context.Context, node *corev1.Node) error
 }
 
 func removeFinalizer(ctx context.Context, c client.Client, node *corev1.Node) error {
-	if !controllerutil.ContainsFinalizer(node, Finalizer) {
+	if !controllerutil.ContainsFinalizer(node, names.NodeLossFinalizer) {
 		return nil
 	}
 	if err := c.Patch(ctx, node, finalizerPatch(false)); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("remove finalizer %s from node %s: %w", Finalizer, node.Name, err)
+		return fmt.Errorf("remove finalizer %s from node %s: %w", names.NodeLossFinalizer, node.Name, err)
 	}
 	return nil
 }
@@ -94,7 +96,7 @@ func finalizerPatch(add bool) client.Patch {
 	if add {
 		key = "finalizers"
 	}
-	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{key: []string{Finalizer}}})
+	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{key: []string{names.NodeLossFinalizer}}})
 	return client.RawPatch(types.StrategicMergePatchType, b)
 }
 
@@ -115,7 +117,7 @@ func RemoveFinalizers(ctx context.Context, c client.Client, settle time.Duration
 		if err := c.List(ctx, nodes); err != nil {
 			return nil, fmt.Errorf("list nodes: %w", err)
 		}
-		return slices.DeleteFunc(nodes.Items, func(n corev1.Node) bool { return !controllerutil.ContainsFinalizer(&n, Finalizer) }), nil
+		return slices.DeleteFunc(nodes.Items, func(n corev1.Node) bool { return !controllerutil.ContainsFinalizer(&n, names.NodeLossFinalizer) }), nil
 	}
 	nodes, err := held()
 	if err != nil {

@@ -17,10 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-)
 
-// Finalizer keeps a deleted Node until its volumes are released.
-const Finalizer = "podvol.io/release-local-volumes"
+	"github.com/podvol/podvol/internal/names"
+)
 
 // DefaultGrace is how long a deleted Node's Lease must go unrenewed before
 // its volumes are released. The kubelet renews every 10 s (a quarter of its
@@ -125,7 +124,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.forget(node.Name)
 		return ctrl.Result{}, r.holdIfPodvol(ctx, node)
 	}
-	if !controllerutil.ContainsFinalizer(node, Finalizer) {
+	if !controllerutil.ContainsFinalizer(node, names.NodeLossFinalizer) {
 		r.forget(node.Name)
 		return ctrl.Result{}, nil
 	}

@@ -18,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // A released volume is not deleted on its node (the node is gone), so if the
@@ -34,13 +36,7 @@ import (
 // would otherwise have a record that can never be written again, and a
 // release that fails for ever with the Node held Terminating.
 
-// ReleasedLabel marks the ConfigMaps that record released volumes;
-// ReleasedNodeLabel selects a node's (its name, or a hash of a name too long
-// for a label value); ReleasedNodeAnnotation names their node, and decides.
 const (
-	ReleasedLabel          = "podvol.io/released-volumes"
-	ReleasedNodeLabel      = "podvol.io/released-node"
-	ReleasedNodeAnnotation = "podvol.io/node"
 	// ReasonReleasedVolumes: a node whose volumes were released is back.
 	ReasonReleasedVolumes = "ReleasedVolumesOnNode"
 )
@@ -87,7 +83,7 @@ func ReleasedNodeLabelValue(node string) string {
 func (r *Reconciler) records(ctx context.Context, nodeName string) ([]*corev1.ConfigMap, error) {
 	var l corev1.ConfigMapList
 	if err := r.APIReader.List(ctx, &l, client.InNamespace(r.Namespace),
-		client.MatchingLabels{ReleasedLabel: "true", ReleasedNodeLabel: ReleasedNodeLabelValue(nodeName)}); err != nil {
+		client.MatchingLabels{names.ReleasedLabel: "true", names.ReleasedNodeLabel: ReleasedNodeLabelValue(nodeName)}); err != nil {
 		return nil, fmt.Errorf("list the ConfigMaps recording the volumes released from node %s: %w", nodeName, err)
 	}
 	first := ReleasedRecordName(nodeName)
@@ -95,7 +91,7 @@ func (r *Reconciler) records(ctx context.Context, nodeName string) ([]*corev1.Co
 	found := false
 	for i := range l.Items {
 		cm := &l.Items[i]
-		if cm.Annotations[ReleasedNodeAnnotation] != nodeName {
+		if cm.Annotations[names.ReleasedNodeAnnotation] != nodeName {
 			continue // another node whose long name hashes alike
 		}
 		found = found || cm.Name == first
@@ -107,7 +103,7 @@ func (r *Reconciler) records(ctx context.Context, nodeName string) ([]*corev1.Co
 		if err != nil && !apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("read ConfigMap %s/%s (volumes released from node %s): %w", r.Namespace, first, nodeName, err)
 		}
-		if err == nil && cm.Annotations[ReleasedNodeAnnotation] == nodeName {
+		if err == nil && cm.Annotations[names.ReleasedNodeAnnotation] == nodeName {
 			recs = append(recs, cm)
 		}
 	}
@@ -160,7 +156,7 @@ func (r *Reconciler) recordReleased(ctx context.Context, nodeName string, pvs []
 		}
 		todo = append(todo, entry{pv.Name, fmt.Sprintf("volumeHandle=%s claim=%s released=%s", pv.Spec.CSI.VolumeHandle, claim, now)})
 	}
-	labels := map[string]string{ReleasedLabel: "true", ReleasedNodeLabel: ReleasedNodeLabelValue(nodeName),
+	labels := map[string]string{names.ReleasedLabel: "true", names.ReleasedNodeLabel: ReleasedNodeLabelValue(nodeName),
 		"app.kubernetes.io/managed-by": "podvol-controller"}
 	// fill moves entries from todo into data while they fit (one at least
 	// into an empty record, whatever its size).
@@ -182,21 +178,21 @@ func (r *Reconciler) recordReleased(ctx context.Context, nodeName string, pvs []
 			cm.Data = map[string]string{}
 		}
 		added := fill(cm.Data)
-		labelled := cm.Labels[ReleasedNodeLabel] == labels[ReleasedNodeLabel]
+		labelled := cm.Labels[names.ReleasedNodeLabel] == labels[names.ReleasedNodeLabel]
 		if !added && labelled {
 			continue
 		}
 		if cm.Labels == nil {
 			cm.Labels = map[string]string{}
 		}
-		cm.Labels[ReleasedNodeLabel] = labels[ReleasedNodeLabel]
+		cm.Labels[names.ReleasedNodeLabel] = labels[names.ReleasedNodeLabel]
 		if err := r.Client.Patch(ctx, cm, patch); err != nil {
 			return fmt.Errorf("record the volumes released from node %s in ConfigMap %s/%s: %w", nodeName, cm.Namespace, cm.Name, err)
 		}
 	}
 	for first := len(recs) == 0; len(todo) > 0; first = false {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Labels: labels,
-			Annotations: map[string]string{ReleasedNodeAnnotation: nodeName}}, Data: map[string]string{}}
+			Annotations: map[string]string{names.ReleasedNodeAnnotation: nodeName}}, Data: map[string]string{}}
 		if first {
 			cm.Name = ReleasedRecordName(nodeName)
 		} else {
@@ -262,7 +258,7 @@ func (r *Reconciler) announceReturn(ctx context.Context, node *corev1.Node) {
 	}
 	r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonReleasedVolumes, "Record",
 		"%d volume(s) were released while this node was lost (PVs %s): their images may still be in its pool. The ConfigMaps labelled %s=%s in %s list them; reclaim or recover them as docs/operations.md (\"A node comes back\") says, then delete those ConfigMaps",
-		len(pvs), named, ReleasedNodeLabel, ReleasedNodeLabelValue(node.Name), r.Namespace)
+		len(pvs), named, names.ReleasedNodeLabel, ReleasedNodeLabelValue(node.Name), r.Namespace)
 }
 
 // RecordsResync is how often the gauge is computed again from the records
@@ -303,13 +299,13 @@ func (r *Reconciler) isBack(ctx context.Context, name string) (bool, error) {
 
 func (r *Reconciler) updateGauge(ctx context.Context) error {
 	var cms corev1.ConfigMapList
-	if err := r.APIReader.List(ctx, &cms, client.InNamespace(r.Namespace), client.MatchingLabels{ReleasedLabel: "true"}); err != nil {
+	if err := r.APIReader.List(ctx, &cms, client.InNamespace(r.Namespace), client.MatchingLabels{names.ReleasedLabel: "true"}); err != nil {
 		return err
 	}
 	// A node's records hold distinct PVs (recordReleased writes each once).
 	counts := map[string]int{}
 	for _, cm := range cms.Items {
-		if node := cm.Annotations[ReleasedNodeAnnotation]; node != "" {
+		if node := cm.Annotations[names.ReleasedNodeAnnotation]; node != "" {
 			counts[node] += len(cm.Data)
 		}
 	}
