@@ -55,7 +55,7 @@ func mountScratch() *scratch {
 // node's mount namespace still holds a copy of the mount.
 func (s *scratch) unmount(timeout time.Duration) (bool, error) {
 	if out, err := osexec.Command("umount", filepath.Join(s.dir, "mnt")).CombinedOutput(); err != nil {
-		return false, fmt.Errorf("umount: %v: %s", err, out)
+		return false, fmt.Errorf("umount: %w: %s", err, out)
 	}
 	_ = osexec.Command("losetup", "-d", s.dev).Run()
 	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
