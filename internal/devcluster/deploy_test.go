@@ -64,3 +64,18 @@ func TestLoopMountsBut(t *testing.T) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 }
+
+// On a machine whose cluster directory is itself on a loop device, the
+// node's binds of it (same source) and the mount above the pool stay.
+func TestLoopMountsButKeepsTheClusterDirsFilesystem(t *testing.T) {
+	mountinfo := `22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+25 22 7:0 / /var/lib/podvol-dev rw - ext4 /dev/loop0 rw
+30 25 7:3 / /var/lib/podvol-dev/nodes/1/pool rw,relatime - xfs /dev/loop3 rw
+44 22 7:0 /nodes/1/kubelet /var/lib/kubelet rw - ext4 /dev/loop0 rw
+40 22 7:9 / /tmp/other rw - xfs /dev/loop9 rw
+`
+	got := loopMountsBut(mountinfo, "/var/lib/podvol-dev/nodes/1/pool")
+	if strings.Join(got, "|") != "/tmp/other" {
+		t.Fatalf("got %q, want only /tmp/other", got)
+	}
+}

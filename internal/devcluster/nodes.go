@@ -651,7 +651,7 @@ func (n *Node) Fetch(ctx context.Context, url string) (string, error) {
 func loopMountsBut(mountinfo, keep string) []string {
 	type mount struct{ point, source string }
 	var loops []mount
-	keepSource := ""
+	keepSource, keepSource2 := "", ""
 	for _, l := range strings.Split(mountinfo, "\n") {
 		pre, post, ok := strings.Cut(l, " - ")
 		f, g := strings.Fields(pre), strings.Fields(post)
@@ -665,11 +665,22 @@ func loopMountsBut(mountinfo, keep string) []string {
 		}
 		loops = append(loops, m)
 	}
+	// Nor the filesystem keep is on (the cluster's directory on a loop
+	// device: the node's binds of it share its source), nor a mount above
+	// keep, which would take keep along.
+	holder := ""
+	for _, m := range loops {
+		if strings.HasPrefix(keep, strings.TrimSuffix(m.point, "/")+"/") && len(m.point) > len(holder) {
+			holder, keepSource2 = m.point, m.source
+		}
+	}
 	var out []string
 	for _, m := range loops {
-		if m.point != "/" && m.source != keepSource {
-			out = append(out, m.point)
+		if m.point == "/" || m.source == keepSource || (holder != "" && m.source == keepSource2) ||
+			strings.HasPrefix(keep, strings.TrimSuffix(m.point, "/")+"/") {
+			continue
 		}
+		out = append(out, m.point)
 	}
 	return out
 }

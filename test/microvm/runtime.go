@@ -207,6 +207,10 @@ func (r *Runtime) Boot(ctx context.Context, id string, disk Disk) (*Sandbox, err
 			kvmProven.Store(true)
 			return s, nil
 		}
+		// A cancelled test or a disk that is not there says nothing of kvm.
+		if e := err.Error(); ctx.Err() != nil || !strings.Contains(e, "guest did not come up") && !strings.Contains(e, "KVM internal error") {
+			return nil, err
+		}
 		msg := err.Error()
 		if i := strings.IndexByte(msg, '\n'); i > 0 {
 			msg = msg[:i]
