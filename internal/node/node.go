@@ -363,7 +363,7 @@ func (n *Node) Unstage(ctx context.Context, id, stagingPath string) error {
 	// The last chance to give back what the pod deleted while the volume
 	// is not in use. An inline volume's image is deleted next anyway.
 	if !n.discardMount && v.Inline == nil && v.Stage.State == store.Staged {
-		if trimmed, err := n.trim(v); err != nil {
+		if trimmed, err := n.trim(v, true); err != nil {
 			klog.InfoS("Trimming the volume before unstaging it failed; unstaging anyway", "volume", id, "err", err)
 		} else if trimmed > 0 {
 			klog.V(2).InfoS("Trimmed volume", "volume", id, "bytes", trimmed)
@@ -387,10 +387,15 @@ func (n *Node) Trim(id string) (int64, error) {
 	if v.Stage == nil || v.Stage.State != store.Staged {
 		return 0, nil
 	}
-	return n.trim(v)
+	return n.trim(v, false)
 }
 
-func (n *Node) trim(v *store.Volume) (int64, error) {
+// trim trims v's filesystem. idle: nothing uses it (at unstage), so it is
+// frozen and thawed first: xfs frees a deleted file's blocks later, in the
+// background (its inode garbage collection), and a freeze waits for that
+// and commits the frees, so that the trim finds every one of them (make
+// test saw a whole deleted GiB left after an unstage's trim).
+func (n *Node) trim(v *store.Volume, idle bool) (int64, error) {
 	s := v.Stage
 	if !n.handoverOf(v).mountsStaging() {
 		return 0, nil
@@ -400,6 +405,16 @@ func (n *Node) trim(v *store.Volume) (int64, error) {
 		return 0, fmt.Errorf("trim volume %s: %w", v.ID, err)
 	}
 	defer h.Close()
+	if idle {
+		if err := h.Freeze(); err != nil {
+			return 0, fmt.Errorf("trim volume %s: %w", v.ID, err)
+		}
+		if err := h.Thaw(); err != nil {
+			if err := h.Thaw(); err != nil {
+				return 0, fmt.Errorf("trim volume %s: thaw after the freeze that settles its frees: %w", v.ID, err)
+			}
+		}
+	}
 	trimmed, err := h.Trim()
 	if err != nil {
 		return 0, fmt.Errorf("trim volume %s: %w", v.ID, err)
