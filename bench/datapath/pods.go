@@ -282,14 +282,7 @@ func (r *PodReport) Markdown() string {
 		}
 		p("")
 	}
-	if len(r.Errors) > 0 {
-		p("Jobs that failed (their cells show —):")
-		p("")
-		for _, k := range sortedKeys(r.Errors) {
-			p("- %s: %s", k, r.Errors[k])
-		}
-		p("")
-	}
+	failedJobs(p, r.Errors)
 	p("emptyDir and hostPath are directories of the node's root filesystem; podvol's volumes are images in the node's")
 	p("pool (an XFS filesystem on a loop-attached image on that same root filesystem), so a podvol volume crosses two")
 	p("loop devices here where a real node's pool sits on its disk: its ratios here are a floor.")

@@ -360,14 +360,7 @@ func (r *Report) Markdown() string {
 		}
 		p("")
 	}
-	if len(r.Errors) > 0 {
-		p("Jobs that failed (their cells show —):")
-		p("")
-		for _, k := range sortedKeys(r.Errors) {
-			p("- %s: %s", k, r.Errors[k])
-		}
-		p("")
-	}
+	failedJobs(p, r.Errors)
 	p("![volume / pool, per job and variant](datapath.png)")
 	p("")
 	p("## How to read it")
@@ -550,4 +543,17 @@ func Load(dir string) (*Report, *PodReport, error) {
 		host.Config.Rounds = 1 // figures stored before -rounds
 	}
 	return host, pods, nil
+}
+
+// failedJobs lists the jobs that failed, whose cells the tables show as —.
+func failedJobs(p func(format string, a ...any), errs map[string]string) {
+	if len(errs) == 0 {
+		return
+	}
+	p("Jobs that failed (their cells show —):")
+	p("")
+	for _, k := range sortedKeys(errs) {
+		p("- %s: %s", k, errs[k])
+	}
+	p("")
 }
