@@ -10,7 +10,7 @@ GO ?= go
 # race detector needs cgo (and gcc).
 export CGO_ENABLED ?= 0
 
-.PHONY: all help build test test-host test-cluster check vet lint fuzz bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-slow
+.PHONY: all help build test test-host test-cluster check vet lint fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-slow
 
 all: build
 
@@ -122,6 +122,14 @@ FUZZTIME ?= 20s
 fuzz: ## a bounded run of the size fuzz targets (FUZZTIME, default 20s)
 	$(GO) test -run '^$$' -fuzz '^FuzzSizeFor$$' -fuzztime $(FUZZTIME) ./internal/size/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseQuantitySize$$' -fuzztime $(FUZZTIME) ./internal/size/
+
+# test/plugin's randomized crash soak: random sequences of CSI calls with the
+# plugin SIGKILLed at a random failpoint each trial and the invariants checked
+# after each restart (make test runs 8 trials; SOAK_SEED replays a run).
+SOAK_TRIALS ?= 200
+SOAK_SEED ?= 0
+soak: ## the crash soak: SOAK_TRIALS (200) random trials of CSI calls and SIGKILLs (root)
+	$(GO) test -count=1 -v -run '^TestSoak$$' ./test/plugin/ -soak.trials=$(SOAK_TRIALS) -soak.seed=$(SOAK_SEED)
 
 clean: ## remove bin/
 	rm -rf bin
