@@ -63,7 +63,7 @@ func TestMain(m *testing.M) {
 // every image in the pools run first, alone; then, at once, the tests that
 // touch nothing outside their namespace (most of their time is spent
 // waiting on pods); then, one after another and in this order, those that
-// look at or change the whole cluster: the default class, pools filled,
+// look at or change the whole cluster: podvol's pods replaced, the default class, pools filled,
 // every volume counted, nodes cordoned, drained and lost. The lost node
 // comes last: it stops a node for over node-loss's grace period.
 func TestCluster(t *testing.T) {
@@ -95,6 +95,8 @@ func TestCluster(t *testing.T) {
 		}
 	})
 	for _, c := range []test{
+		// It replaces every podvol pod while volumes are in use.
+		{"RolloutRestart", testRolloutRestart},
 		// It makes podvol's class the cluster's default for a while.
 		{"AdmissionPolicyGaps", testAdmissionPolicyGaps},
 		{"Capacity", testCapacity},

@@ -1,0 +1,95 @@
+package e2e
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// writer appends "<sequence number> <unix time>" to /vol/log twice a
+// second, syncing each line, in the background of a pod that is then ready.
+const writer = `(i=0; while true; do i=$((i+1)); echo "$i $(date +%s)" >> /vol/log; sync; sleep 0.5; done) & sleep 1`
+
+// testRolloutRestart: `kubectl rollout restart` of the node DaemonSet and of
+// the controller while pods with a persistent, a generic ephemeral and an
+// inline volume keep writing: every pod keeps running (same pod, no
+// container restart), no write is lost and none stalls while podvol's pods
+// are replaced, and the restarted plugins serve new volumes.
+func testRolloutRestart(t *testing.T) {
+	n := ns(t)
+	pvc(t, n, "data", "podvol", "128Mi", "")
+	pod(t, n, "persistent", writer, "persistentVolumeClaim: {claimName: data}")
+	pod(t, n, "ephemeral", writer, ephemeralVolume)
+	pod(t, n, "inline", writer, "csi:\n  driver: podvol.io\n  volumeAttributes: {size: 64Mi}")
+	pods := []string{"persistent", "ephemeral", "inline"}
+	uids := map[string]string{}
+	for _, p := range pods {
+		waitPod(t, n, p)
+		uids[p] = get(t, n, "pod/"+p, "{.metadata.uid}")
+	}
+	start := time.Now()
+	time.Sleep(3 * time.Second)
+
+	const sys = "podvol-system"
+	_, err := cluster.RunKubectl(ctx(t), "-n", sys, "rollout", "restart", "daemonset/podvol-node", "deployment/podvol-controller")
+	must(t, "rollout restart", err)
+	for _, obj := range []string{"daemonset/podvol-node", "deployment/podvol-controller"} {
+		_, err := cluster.RunKubectl(ctx(t), "-n", sys, "rollout", "status", obj, "--timeout=5m")
+		must(t, "rollout status "+obj, err)
+	}
+	rolled := time.Since(start)
+	time.Sleep(3 * time.Second)
+
+	for _, p := range pods {
+		if uid := get(t, n, "pod/"+p, "{.metadata.uid}"); uid != uids[p] {
+			t.Fatalf("pod %s was replaced during the rollout (uid %s, was %s)", p, uid, uids[p])
+		}
+		if r := get(t, n, "pod/"+p, "{.status.containerStatuses[0].restartCount}"); r != "0" {
+			t.Fatalf("pod %s's container restarted %s times during the rollout", p, r)
+		}
+		checkLog(t, p, exec(t, n, p, "cat /vol/log"), time.Now())
+	}
+	t.Logf("rollout of the node DaemonSet and the controller took %s; every pod kept writing", rolled.Round(time.Second))
+
+	// The new plugins serve new volumes and take the old ones down.
+	pod(t, n, "after", "echo after > /vol/f", ephemeralVolume)
+	waitPod(t, n, "after")
+	if got := exec(t, n, "after", "cat /vol/f"); got != "after" {
+		t.Fatalf("a volume made after the rollout reads %q", got)
+	}
+	for _, p := range append(pods, "after") {
+		deletePod(t, n, p)
+	}
+}
+
+// checkLog fails unless the writer's log holds every number from 1 up, each
+// line written within 5 s of the one before (a stall would show as a gap),
+// and its last line is recent (it still writes).
+func checkLog(t *testing.T, pod, log string, now time.Time) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	var last int64
+	for i, l := range lines {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			t.Fatalf("pod %s: line %d of its log is %q: a torn write", pod, i+1, l)
+		}
+		seq, err1 := strconv.Atoi(f[0])
+		ts, err2 := strconv.ParseInt(f[1], 10, 64)
+		if err1 != nil || err2 != nil || seq != i+1 {
+			t.Fatalf("pod %s: line %d of its log is %q, want sequence number %d: a write was lost", pod, i+1, l, i+1)
+		}
+		if i > 0 && ts-last > 5 {
+			t.Fatalf("pod %s: %d s between writes %d and %d: its volume stalled", pod, ts-last, i, i+1)
+		}
+		last = ts
+	}
+	if age := now.Unix() - last; age > 5 {
+		t.Fatalf("pod %s: its last write (%d of %d) is %d s old: it stopped writing", pod, len(lines), len(lines), age)
+	}
+	if len(lines) < 10 {
+		t.Fatalf("pod %s wrote only %d lines: %s", pod, len(lines), fmt.Sprint(lines))
+	}
+}
