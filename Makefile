@@ -10,7 +10,7 @@ GO ?= go
 # race detector needs cgo (and gcc).
 export CGO_ENABLED ?= 0
 
-.PHONY: all help build test test-host test-cluster check vet lint fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-slow
+.PHONY: all help build test test-host test-cluster check vet lint fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-chaos conformance-slow
 
 all: build
 
@@ -188,6 +188,13 @@ CONFORMANCE_LOCK ?= /tmp/podvol-devcluster.lock
 conformance: ## Kubernetes' external-storage suite on the dev cluster (root)
 	tools/e2e/build.sh >/dev/null
 	flock -o $(CONFORMANCE_LOCK) $(GO) run ./test/conformance
+
+# The same runs while podvol's pods are deleted and its containers SIGKILLed
+# every 20-60 s (seeded; the log with the seed in /var/lib/podvol-conformance/
+# chaos.log, beside the JUnit reports): every spec must pass as without.
+conformance-chaos: ## make conformance while podvol's pods and containers are killed (root)
+	tools/e2e/build.sh >/dev/null
+	flock -o $(CONFORMANCE_LOCK) $(GO) run ./test/conformance -chaos
 
 # The suite's [Slow] specs, likewise.
 conformance-slow: ## the suite's [Slow] specs, likewise (root)

@@ -193,6 +193,8 @@ func main() {
 	report := flag.Bool("summary", false, "print the summary of the last run from -reports, and exit")
 	list := flag.Bool("list", false, "list the specs each definition would run, and exit (no cluster)")
 	pool := flag.String("pool-size", "60Gi", "node 1's pool when this run brings the dev cluster up (node 2's is 2/3 of it, node 3's 1/3)")
+	chaosOn := flag.Bool("chaos", false, "while the suite runs, delete podvol's pods and SIGKILL its containers every 20-60 s (log: -reports/chaos.log)")
+	chaosSeed := flag.Uint64("chaos-seed", 0, "seed of -chaos's choices (0: from the clock)")
 	focus := flag.String("focus", "", "run only the specs whose names match this regular expression (to re-run one failed spec: paste its name from the summary)")
 	flag.Parse()
 	machineSkips = skipsFor(probeHost())
@@ -302,7 +304,14 @@ func main() {
 		fmt.Fprintf(os.Stderr, "dev cluster: %v\n", err2)
 		code = 1
 	} else {
-		code = conformance(ctx, cluster, e2e, bin, repoList, here, *reports, selected, *slow, *parallel)
+		var ch *chaos
+		if *chaosOn {
+			ch, err = newChaos(cluster, *chaosSeed, *reports)
+			if err != nil {
+				fail("%v", err)
+			}
+		}
+		code = conformance(ctx, cluster, e2e, bin, repoList, here, *reports, selected, *slow, *parallel, ch)
 	}
 	if !wasUp && !*keep {
 		fmt.Fprintln(os.Stderr, "== taking the dev cluster down")
@@ -315,7 +324,7 @@ func main() {
 	os.Exit(code)
 }
 
-func conformance(ctx context.Context, cluster *devcluster.Cluster, e2e, bin, repoList, here, reports string, selected []driver, slow bool, parallel int) int {
+func conformance(ctx context.Context, cluster *devcluster.Cluster, e2e, bin, repoList, here, reports string, selected []driver, slow bool, parallel int, ch *chaos) int {
 	t0 := time.Now()
 	out, err := run(ctx, e2e, "--list-images", "--kube-test-repo-list="+repoList)
 	if err != nil {
@@ -377,8 +386,31 @@ func conformance(ctx context.Context, cluster *devcluster.Cluster, e2e, bin, rep
 			fmt.Fprintf(os.Stderr, "== %s done in %s\n", d.name, time.Since(t).Round(time.Second))
 		}()
 	}
+	chaosCtx, stopChaos := context.WithCancel(ctx)
+	chaosDone := make(chan struct{})
+	go func() {
+		defer close(chaosDone)
+		if ch != nil {
+			ch.run(chaosCtx)
+		}
+	}()
 	wg.Wait()
+	stopChaos()
+	<-chaosDone
 	code := 0
+	// What the suite made is deleted: nothing of it may stay attached or
+	// mounted on any node (after chaos too, once podvol's pods are back).
+	fmt.Fprintln(os.Stderr, "== checking every node for leftover loop devices, mounts and images")
+	for _, obj := range []string{"daemonset/podvol-node", "deployment/podvol-controller"} {
+		if _, err := cluster.RunKubectl(ctx, "-n", podvolNS, "rollout", "status", obj, "--timeout=5m"); err != nil {
+			fmt.Fprintf(os.Stderr, "podvol is not back after the run: %s: %v\n", obj, err)
+			code = 1
+		}
+	}
+	if err := checkLeftovers(ctx, cluster, 5*time.Minute); err != nil {
+		fmt.Fprintf(os.Stderr, "%v\n", err)
+		code = 1
+	}
 	fmt.Printf("\n==== conformance summary (%s, %d runs, %d at a time)\n", kind, len(selected), parallel)
 	for _, r := range results {
 		fmt.Print(r.text)
