@@ -35,6 +35,18 @@ const (
 	// placed on the node holding its data source, with that node;
 	// clone-lifecycle's reset keeps the placement of a claim that has it.
 	SourceNode = "podvol.io/source-node"
+	// AwaitingPlacement is the selected node that admission policy
+	// podvol-placement-gate gives an unbound restore or clone of a podvol
+	// WaitForFirstConsumer class until source-placement replaces it: no node
+	// is called that (a node name has no '/'), so kube-scheduler finds no
+	// node for the claim's pods and no provisioner provisions it before
+	// podvol has decided where it goes.
+	AwaitingPlacement = "podvol.io/awaiting-placement"
+	// Placement on a claim set to PlacementScheduler leaves choosing its
+	// node to kube-scheduler (the policy gives it no placeholder):
+	// source-placement sets it when it cannot tell the source's node.
+	Placement          = "podvol.io/placement"
+	PlacementScheduler = "scheduler"
 )
 
 // Annotations and labels of podvol-controller's clone-lifecycle: a claim

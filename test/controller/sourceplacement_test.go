@@ -638,3 +638,43 @@ func TestSourcePlacementPodCannotRun(t *testing.T) {
 		}
 	}
 }
+
+// Claims as admission policy podvol-placement-gate admits them, with the
+// selected node no node is: one nobody uses stays so (the placeholder is not
+// the scheduler's choice, which would mean a consumer); once used, a clone
+// is placed on its source's node, and one podvol cannot place (its source
+// names no node; another driver's source) is left to kube-scheduler, the
+// placeholder removed, or its pod could never be scheduled.
+func TestSourcePlacementGate(t *testing.T) {
+	e := start(t, "source-placement")
+	ns := e.ns("placement-gate")
+	e.placementClasses()
+	e.node("node-a")
+	e.sourceOn(ns, "golden", "podvol.io", "node-a")
+	e.sourceOn(ns, "theirs", "other.csi", "node-a")
+	e.snapshot(ns, "old", "snapcontent-gate-old", "podvol.io", "snap-0123456789abcdef01234567", false)
+	gated := map[string]string{names.SelectedNode: names.AwaitingPlacement}
+	e.restore(ns, "app-data", "podvol", fromClaim("golden"), gated)
+	e.restore(ns, "restored", "podvol", fromSnapshot("old"), gated)
+	e.restore(ns, "foreign", "podvol", fromClaim("theirs"), gated)
+
+	e.never("a gated claim nobody uses placed or released", func() bool {
+		for _, c := range []string{"app-data", "restored", "foreign"} {
+			if e.ann(ns, c, names.SelectedNode) != names.AwaitingPlacement || e.ann(ns, c, names.SourceNode) != "" {
+				return true
+			}
+		}
+		return false
+	})
+
+	e.use(ns, "app-data", "restored", "foreign")
+	e.eventually("the clone placed on its source's node", func() bool { return e.placedOn(ns, "app-data", "node-a") })
+	if ev := e.events(ns, "app-data"); strings.Contains(ev, "instead of") {
+		t.Fatalf("the placement's event speaks of the placeholder as a node: %s", ev)
+	}
+	for _, c := range []string{"restored", "foreign"} {
+		e.eventually(c+" left to the scheduler", func() bool {
+			return e.ann(ns, c, names.SelectedNode) == "" && e.ann(ns, c, names.Placement) == names.PlacementScheduler && e.ann(ns, c, names.SourceNode) == ""
+		})
+	}
+}

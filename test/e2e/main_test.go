@@ -97,6 +97,8 @@ func TestCluster(t *testing.T) {
 	for _, c := range []test{
 		// It replaces every podvol pod while volumes are in use.
 		{"RolloutRestart", testRolloutRestart},
+		// It stops podvol-controller for a while.
+		{"PlacementBeforeScheduling", testPlacementBeforeScheduling},
 		// It makes podvol's class the cluster's default for a while.
 		{"AdmissionPolicyGaps", testAdmissionPolicyGaps},
 		{"Capacity", testCapacity},

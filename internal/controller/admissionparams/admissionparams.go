@@ -37,6 +37,9 @@ const (
 	DirectClasses = "directClasses"
 	// DefaultIsPodvol is "true" when a podvol class is the cluster default.
 	DefaultIsPodvol = "defaultIsPodvol"
+	// PlacedClasses lists those of WaitForFirstConsumer binding, whose
+	// restores and clones source-placement places.
+	PlacedClasses = "placedClasses"
 )
 
 // defaultClassAnnotation marks the cluster's default StorageClass.
@@ -74,13 +77,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // Facts derives the parameters from the StorageClasses.
 func Facts(classes []storagev1.StorageClass, driver string) map[string]string {
-	var all, direct []string
+	var all, direct, placed []string
 	def := false
 	for _, sc := range classes {
 		if sc.Provisioner != driver {
 			continue
 		}
 		all = append(all, sc.Name)
+		if sc.VolumeBindingMode != nil && *sc.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer {
+			placed = append(placed, sc.Name)
+		}
 		if d := sc.Parameters[names.ParamDirectAssign]; d == "always" || d == "auto" {
 			direct = append(direct, sc.Name)
 		}
@@ -90,7 +96,9 @@ func Facts(classes []storagev1.StorageClass, driver string) map[string]string {
 	}
 	slices.Sort(all)
 	slices.Sort(direct)
-	return map[string]string{Classes: strings.Join(all, " "), DirectClasses: strings.Join(direct, " "), DefaultIsPodvol: fmt.Sprint(def)}
+	slices.Sort(placed)
+	return map[string]string{Classes: strings.Join(all, " "), DirectClasses: strings.Join(direct, " "), DefaultIsPodvol: fmt.Sprint(def),
+		PlacedClasses: strings.Join(placed, " ")}
 }
 
 // Reconcile writes the current facts into the ConfigMap, creating it if an

@@ -320,7 +320,7 @@ func uses(pod *corev1.Pod, pvc *corev1.PersistentVolumeClaim) bool {
 // means it: a live pod uses it, or the scheduler selected a node for it (a
 // selected node that podvol did not set).
 func (r *Reconciler) consumed(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (bool, error) {
-	if pvc.Annotations[names.SelectedNode] != "" && pvc.Annotations[names.SourceNode] == "" {
+	if s := pvc.Annotations[names.SelectedNode]; s != "" && s != names.AwaitingPlacement && pvc.Annotations[names.SourceNode] == "" {
 		return true, nil
 	}
 	pods := &corev1.PodList{}
@@ -419,7 +419,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	default:
 		if !r.snapshots {
 			r.warnOnce(pvc, problem{ReasonNoSnapshotAPI, fmt.Sprintf(
-				"its data source is %s, and VolumeSnapshot was not served when podvol-controller started (snapshot CRDs not installed): podvol does not place restores until podvol-controller is restarted after installing the snapshot CRDs. Restart it, or the claim may be provisioned on a node that does not hold the snapshot (NOT_FOUND)",
+				"its data source is %s, and VolumeSnapshot was not served when podvol-controller started (snapshot CRDs not installed): podvol does not place restores until podvol-controller is restarted after installing the snapshot CRDs. Restart it: until then the claim waits, unplaced",
 				src)})
 			return reconcile.Result{}, nil
 		}
@@ -436,9 +436,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	switch {
 	case why != nil:
 		r.warnOnce(pvc, *why)
-		return reconcile.Result{}, nil
+		return reconcile.Result{}, r.leaveToScheduler(ctx, pvc)
 	case node == "":
-		return reconcile.Result{}, nil
+		// Another driver's source: not podvol's to place.
+		return reconcile.Result{}, r.leaveToScheduler(ctx, pvc)
 	}
 	n := &corev1.Node{}
 	switch err := r.Client.Get(ctx, client.ObjectKey{Name: node}, n); {
@@ -698,11 +699,29 @@ func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClai
 	r.placed(pvc)
 	log.FromContext(ctx).Info("Placed a claim on its source's node", "pvc", key, "source", src.String(), "node", node, "was", selected)
 	note := ""
-	if selected != "" && selected != node {
+	if selected != "" && selected != node && selected != names.AwaitingPlacement {
 		note = fmt.Sprintf(" (instead of node %s)", selected)
 	}
 	r.event(pvc, corev1.EventTypeNormal, ReasonPlaced, "provisioned on node %s%s, which holds its data source %s", node, note, src)
 	return reconcile.Result{}, nil
+}
+
+// leaveToScheduler hands a claim that podvol cannot place to kube-scheduler:
+// admission policy podvol-placement-gate gave it a selected node that no
+// node is, which would keep its pods from ever being scheduled. The mark
+// keeps the policy from giving it that again.
+func (r *Reconciler) leaveToScheduler(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	if pvc.Annotations[names.SelectedNode] != names.AwaitingPlacement {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	delete(pvc.Annotations, names.SelectedNode)
+	pvc.Annotations[names.Placement] = names.PlacementScheduler
+	if err := r.Client.Patch(ctx, pvc, patch); err != nil {
+		return fmt.Errorf("leave PVC %s/%s to kube-scheduler: %w", pvc.Namespace, pvc.Name, err)
+	}
+	log.FromContext(ctx).Info("Left a claim podvol cannot place to kube-scheduler", "pvc", client.ObjectKeyFromObject(pvc))
+	return nil
 }
 
 // event records an event on the claim and, for a generic ephemeral volume,
