@@ -5,7 +5,9 @@
 package driver
 
 import (
+	"context"
 	"errors"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -37,6 +39,9 @@ type Config struct {
 	// Decider answers directAssign=auto; nil when the plugin has no API
 	// access.
 	Decider *directvolume.Decider
+	// GroupFreezeTimeout bounds the freeze of a group snapshot's
+	// members, all together; 0 is DefaultGroupFreezeTimeout.
+	GroupFreezeTimeout time.Duration
 }
 
 // Driver implements the Identity, Controller and Node services.
@@ -44,6 +49,7 @@ type Driver struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedControllerServer
 	csi.UnimplementedNodeServer
+	csi.UnimplementedGroupControllerServer
 
 	cfg   Config
 	locks *keylock.Locks
@@ -84,6 +90,8 @@ func toStatus(err error) error {
 		code = codes.OutOfRange
 	case errors.Is(err, errkind.ErrInvalid):
 		code = codes.InvalidArgument
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
 	}
 	return status.Error(code, err.Error())
 }
