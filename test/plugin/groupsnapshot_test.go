@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -36,7 +37,10 @@ func (e *env) writableWithin(dir string, d time.Duration) {
 	case err := <-done:
 		e.must("write after restart", err)
 	case <-time.After(d):
-		e.t.Fatalf("%s is still frozen after the restart", dir)
+		// Thaw before failing: the cleanup cannot unmount a frozen
+		// filesystem, and the write above would hang for ever.
+		out, err := exec.Command("fsfreeze", "-u", dir).CombinedOutput()
+		e.t.Fatalf("%s is still frozen after the restart (thawed by the test: %v %s)", dir, err, out)
 	}
 }
 
@@ -53,6 +57,14 @@ func TestCrashDuringGroupSnapshot(t *testing.T) {
 			b := e.create("b", 64<<20, rwo, nil).GetVolumeId()
 			e.up(a, rwo)
 			e.up(b, rwo)
+			// Whatever fails below, nothing stays frozen: the env's
+			// cleanup (which runs after this) cannot unmount a frozen
+			// filesystem, and a write into one hangs for ever.
+			t.Cleanup(func() {
+				for _, dir := range []string{e.target(a), e.target(b)} {
+					_ = exec.Command("fsfreeze", "-u", dir).Run() // fails unless frozen
+				}
+			})
 			writeFile(t, filepath.Join(e.target(a), "f"), "A")
 			writeFile(t, filepath.Join(e.target(b), "f"), "B")
 			e.crash(fp, func() error {
