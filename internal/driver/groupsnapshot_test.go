@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/podvol/podvol/internal/device/devicetest"
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/snaphandle"
 )
 
@@ -253,5 +254,55 @@ func TestGroupCopyFailureRollsBack(t *testing.T) {
 	}
 	if _, err := os.Stat(f.d.cfg.Pool.ImagePath(a)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A direct-assigned member follows the rule of a single snapshot of it:
+// copied crash-consistent (its device flushed, nothing on the host frozen)
+// on a reflink pool, refused without reflink, and then nothing else of the
+// group stays frozen or made.
+func TestGroupWithAnAssignedMember(t *testing.T) {
+	for _, reflink := range []bool{true, false} {
+		t.Run(map[bool]string{true: "reflink", false: "no-reflink"}[reflink], func(t *testing.T) {
+			ctx := context.Background()
+			f := newFakeNodeReflink(t, reflink)
+			host, hostDev := f.stagedVolume("pvc-host")
+			v, err := f.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-direct", Parameters: map[string]string{names.ParamDirectAssign: "always"},
+				CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}, VolumeCapabilities: []*csi.VolumeCapability{rwop()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			direct := v.GetVolume().GetVolumeId()
+			staging := filepath.Join(f.dir("staging"), direct)
+			if _, err := f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: direct, StagingTargetPath: staging, VolumeCapability: rwop()}); err != nil {
+				t.Fatal(err)
+			}
+			target := filepath.Join(f.dir("pods/d"), "mount")
+			if _, err := f.d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: direct, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwop()}); err != nil {
+				t.Fatal(err)
+			}
+			_, err = f.d.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group", SourceVolumeIds: []string{host, direct}})
+			if !reflink {
+				wantCode(t, err, codes.FailedPrecondition, "a group with an assigned member on a pool without reflink")
+				if f.dev.Frozen(hostDev) {
+					t.Fatal("the host member stays frozen after the refusal")
+				}
+				if files := snapshotFiles(t, f); len(files) != 0 {
+					t.Fatalf("the refused group left images: %v", files)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range f.dev.FreezeLog() {
+				if !e.Thaw && e.Dev != hostDev {
+					t.Fatalf("froze %s, not only the host member's %s: %+v", e.Dev, hostDev, f.dev.FreezeLog())
+				}
+			}
+			if f.dev.Calls(devicetest.SyncDevice) != 1 {
+				t.Fatal("the assigned member's device was not flushed for a crash-consistent copy")
+			}
+		})
 	}
 }
