@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -65,7 +66,7 @@ func (s *Store) SetGroupState(id, state string) (*Group, error) {
 		g.State = state
 		for _, m := range g.Members {
 			snap, err := s.snapshots.read(tx, m.SnapshotID)
-			if err == ErrNotFound {
+			if errors.Is(err, ErrNotFound) {
 				continue
 			}
 			if err != nil {
