@@ -5,7 +5,6 @@
 package driver
 
 import (
-	"context"
 	"errors"
 	"time"
 
@@ -90,8 +89,6 @@ func toStatus(err error) error {
 		code = codes.OutOfRange
 	case errors.Is(err, errkind.ErrInvalid):
 		code = codes.InvalidArgument
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
 	}
 	return status.Error(code, err.Error())
 }

@@ -101,6 +101,10 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 		},
 	})
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The group's freeze deadline: nothing was cut, retry.
+			return nil, status.Error(codes.DeadlineExceeded, err.Error())
+		}
 		if errors.Is(err, errkind.ErrElsewhere) {
 			return nil, status.Errorf(codes.FailedPrecondition, "%s (this node is %s; the node of each other volume is in its PersistentVolume's node affinity)", err, d.cfg.NodeID)
 		}

@@ -136,6 +136,6 @@ func (n *Node) QuiesceGroup(ids []string, timeout time.Duration) (func(), error)
 		default:
 		}
 		klog.InfoS("Group freeze timed out; thawing", "volumes", sorted, "timeout", timeout)
-		return nil, fmt.Errorf("freezing the %d volumes of the group (%s) took longer than %s (writes in flight in one of them did not drain); nothing is left frozen, retry later: %w", len(sorted), strings.Join(sorted, ", "), timeout, context.DeadlineExceeded)
+		return nil, fmt.Errorf("freezing the %d volumes of the group (%s) took longer than %s (writes in flight in one of them did not drain); every member frozen is thawed (one still freezing as soon as its freeze returns), retry later: %w", len(sorted), strings.Join(sorted, ", "), timeout, context.DeadlineExceeded)
 	}
 }

@@ -14,7 +14,11 @@ func TestGroupIsAllOrNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	if err := s.CreateSnapshot(&Snapshot{ID: "snap-x", Name: "taken", SizeBytes: 5, State: Ready}); err != nil {
 		t.Fatal(err)
 	}
