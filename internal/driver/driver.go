@@ -6,6 +6,7 @@ package driver
 
 import (
 	"errors"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -37,6 +38,9 @@ type Config struct {
 	// Decider answers directAssign=auto; nil when the plugin has no API
 	// access.
 	Decider *directvolume.Decider
+	// GroupFreezeTimeout bounds the freeze of a group snapshot's
+	// members, all together; 0 is DefaultGroupFreezeTimeout.
+	GroupFreezeTimeout time.Duration
 }
 
 // Driver implements the Identity, Controller and Node services.
@@ -44,6 +48,7 @@ type Driver struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedControllerServer
 	csi.UnimplementedNodeServer
+	csi.UnimplementedGroupControllerServer
 
 	cfg   Config
 	locks *keylock.Locks

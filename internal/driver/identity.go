@@ -25,6 +25,7 @@ func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{
 		svc(csi.PluginCapability_Service_CONTROLLER_SERVICE),
 		svc(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
+		svc(csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE),
 		expansion(csi.PluginCapability_VolumeExpansion_ONLINE),
 		expansion(csi.PluginCapability_VolumeExpansion_OFFLINE),
 	}}, nil

@@ -45,6 +45,7 @@ func Serve(ctx context.Context, endpoint string, d *Driver, observe Observer) er
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
 	csi.RegisterNodeServer(srv, d)
+	csi.RegisterGroupControllerServer(srv, d)
 	klog.InfoS("Serving CSI", "endpoint", endpoint, "driver", names.Driver, "node", d.cfg.NodeID)
 
 	done := make(chan error, 1)

@@ -33,13 +33,18 @@ func (d *Driver) snapshotID(handle string) (string, error) {
 }
 
 func (d *Driver) csiSnapshot(s *store.Snapshot) *csi.Snapshot {
-	return &csi.Snapshot{
+	out := &csi.Snapshot{
 		SnapshotId:     d.snapshotHandle(s.ID),
 		SourceVolumeId: s.SourceID,
 		SizeBytes:      s.SizeBytes,
 		CreationTime:   timestamppb.New(s.Created),
 		ReadyToUse:     s.State == store.Ready,
 	}
+	if s.GroupID != "" {
+		// The spec: a member names its group.
+		out.GroupSnapshotId = snaphandle.Format(s.GroupID, d.cfg.NodeID)
+	}
+	return out
 }
 
 // CreateSnapshot copies the volume as it is now; a mounted filesystem is

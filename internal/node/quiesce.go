@@ -1,7 +1,12 @@
 package node
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
 
 	"k8s.io/klog/v2"
 
@@ -63,4 +68,74 @@ func (h hostMount) quiesce(v *store.Volume) (func(), error) {
 		}
 		f.Close()
 	}, nil
+}
+
+// QuiesceGroup quiesces several volumes at once for a group snapshot, as
+// Quiesce does each, and returns the undo that releases them all. They are
+// frozen in id order, whatever the order asked: two groups that share
+// volumes then freeze them in the same order and cannot each hold one the
+// other waits for. A freeze waits for the writes in flight, so the whole
+// group has one deadline: when it passes, QuiesceGroup fails
+// (context.DeadlineExceeded) and whatever is frozen by then, or gets
+// frozen by a freeze still under way, is thawed at once. Every path thaws.
+func (n *Node) QuiesceGroup(ids []string, timeout time.Duration) (func(), error) {
+	sorted := slices.Sorted(slices.Values(ids))
+	type result struct {
+		undo func()
+		err  error
+	}
+	done := make(chan result, 1)
+	var mu sync.Mutex
+	abandoned := false
+	go func() {
+		var undos []func()
+		undo := func() {
+			for i := len(undos) - 1; i >= 0; i-- {
+				undos[i]()
+			}
+		}
+		for _, id := range sorted {
+			u, err := n.Quiesce(id)
+			if err != nil {
+				undo()
+				done <- result{err: err}
+				return
+			}
+			undos = append(undos, u)
+			mu.Lock()
+			late := abandoned
+			mu.Unlock()
+			if late {
+				break
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if abandoned {
+			// The caller gave up: nothing may stay frozen.
+			undo()
+			return
+		}
+		done <- result{undo: undo}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.undo, r.err
+	case <-timer.C:
+		mu.Lock()
+		abandoned = true
+		mu.Unlock()
+		// The result may have been sent just before.
+		select {
+		case r := <-done:
+			if r.undo != nil {
+				r.undo()
+			}
+		default:
+		}
+		klog.InfoS("Group freeze timed out; thawing", "volumes", sorted, "timeout", timeout)
+		return nil, fmt.Errorf("freezing the %d volumes of the group (%s) took longer than %s (writes in flight in one of them did not drain); every member frozen is thawed (one still freezing as soon as its freeze returns), retry later: %w", len(sorted), strings.Join(sorted, ", "), timeout, context.DeadlineExceeded)
+	}
 }

@@ -451,6 +451,7 @@ func (p *Pool) Recover(ctx context.Context) error {
 			}
 		}
 	}
+	errs = append(errs, p.recoverGroups()...)
 	errs = append(errs, p.recoverSnapshots()...)
 	// The store keeps its running total with every write; counting the
 	// records once more, now that recovery has settled them, would catch

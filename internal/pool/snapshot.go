@@ -38,6 +38,9 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 	snap, err := p.store.SnapshotByName(r.Name)
 	switch {
 	case err == nil:
+		if snap.GroupID != "" {
+			return nil, fmt.Errorf("snapshot name %q is taken by a member of group snapshot %s: %w", r.Name, snap.GroupID, errkind.ErrConflict)
+		}
 		if snap.SourceID != r.SourceID {
 			return nil, fmt.Errorf("snapshot %q exists for volume %s, not %s: %w", r.Name, snap.SourceID, r.SourceID, errkind.ErrConflict)
 		}
@@ -186,6 +189,11 @@ func (p *Pool) copyFromSource(v *store.Volume, quiesce func(string) (func(), err
 func (p *Pool) DeleteSnapshot(id string) error {
 	if !ValidSnapshotID(id) {
 		return nil
+	}
+	if s, err := p.store.Snapshot(id); err == nil && s.GroupID != "" {
+		// The CSI spec: a member goes with its group
+		// (DeleteVolumeGroupSnapshot), never alone.
+		return fmt.Errorf("snapshot %s is part of group snapshot %s and cannot be deleted alone: delete the group: %w", id, s.GroupID, errkind.ErrInvalid)
 	}
 	if _, err := p.store.UpdateSnapshot(id, func(s *store.Snapshot) { s.State = store.Deleting }); err != nil {
 		if errors.Is(err, store.ErrNotFound) {

@@ -17,6 +17,9 @@ type Snapshot struct {
 	FsType    string    `json:"fsType"`
 	State     string    `json:"state"` // Creating, Ready, Deleting
 	Created   time.Time `json:"created"`
+	// GroupID is the group snapshot this snapshot was cut in, if any:
+	// it is deleted with its group, not alone.
+	GroupID string `json:"groupId,omitempty"`
 }
 
 // Snapshot returns the snapshot with id.

@@ -21,6 +21,8 @@ var (
 	bucketNames         = []byte("volume-names")
 	bucketSnapshots     = []byte("snapshots")
 	bucketSnapshotNames = []byte("snapshot-names")
+	bucketGroups        = []byte("groups")
+	bucketGroupNames    = []byte("group-names")
 	// Snapshots deleted lately: id -> time, and time+id -> nothing (to
 	// trim the oldest first). See DeletedSnapshot.
 	bucketDeletedSnapshots     = []byte("deleted-snapshots")
@@ -128,6 +130,7 @@ type Store struct {
 	ledger    *ledger
 	volumes   table[Volume]
 	snapshots table[Snapshot]
+	groups    table[Group]
 }
 
 // Open opens (creating if needed) the database at path. A second plugin on
@@ -141,7 +144,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketVolumes, bucketNames, bucketSnapshots, bucketSnapshotNames, bucketDeletedSnapshots, bucketDeletedSnapshotTimes} {
+		for _, b := range [][]byte{bucketVolumes, bucketNames, bucketSnapshots, bucketSnapshotNames, bucketDeletedSnapshots, bucketDeletedSnapshotTimes, bucketGroups, bucketGroupNames} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -158,6 +161,7 @@ func Open(path string) (*Store, error) {
 		volumes: table[Volume]{db: db, ledger: l, kind: "volume", records: bucketVolumes, names: bucketNames, id: func(v *Volume) string { return v.ID }, name: func(v *Volume) string { return v.Name }, usage: volumeUsage},
 		snapshots: table[Snapshot]{db: db, ledger: l, kind: "snapshot", records: bucketSnapshots, names: bucketSnapshotNames, id: func(s *Snapshot) string { return s.ID }, name: func(s *Snapshot) string { return s.Name }, usage: snapshotUsage,
 			deleted: func(tx *bolt.Tx, id string) error { return rememberDeleted(tx, id, time.Now()) }},
+		groups: table[Group]{db: db, ledger: l, kind: "group snapshot", records: bucketGroups, names: bucketGroupNames, id: func(g *Group) string { return g.ID }, name: func(g *Group) string { return g.Name }, usage: func(*Group) Usage { return Usage{} }},
 	}
 	if _, _, err := s.Recount(); err != nil {
 		return nil, errors.Join(fmt.Errorf("open %s: %w", path, err), db.Close())

@@ -115,15 +115,21 @@ func (t table[T]) page(start string, limit int, keep func(*T) bool) (out []*T, n
 
 func (t table[T]) create(r *T) error {
 	return t.ledger.write(t.db, func(tx *bolt.Tx, change *Usage) error {
-		if tx.Bucket(t.names).Get([]byte(t.name(r))) != nil {
-			return fmt.Errorf("%s name %q: %w", t.kind, t.name(r), errExists)
-		}
-		if err := tx.Bucket(t.names).Put([]byte(t.name(r)), []byte(t.id(r))); err != nil {
-			return err
-		}
-		*change = t.usage(r)
-		return t.write(tx, r)
+		u, err := t.insert(tx, r)
+		*change = u
+		return err
 	})
+}
+
+// insert adds a new record in tx and returns what it adds to the ledger.
+func (t table[T]) insert(tx *bolt.Tx, r *T) (Usage, error) {
+	if tx.Bucket(t.names).Get([]byte(t.name(r))) != nil {
+		return Usage{}, fmt.Errorf("%s name %q: %w", t.kind, t.name(r), errExists)
+	}
+	if err := tx.Bucket(t.names).Put([]byte(t.name(r)), []byte(t.id(r))); err != nil {
+		return Usage{}, err
+	}
+	return t.usage(r), t.write(tx, r)
 }
 
 func (t table[T]) update(id string, fn func(*T) error) (r *T, err error) {
