@@ -45,6 +45,11 @@ var soakFailpoints = []string{
 }
 
 var soakSkipped = map[string]string{
+	// The soak makes no group snapshots (yet): TestCrashDuringGroupSnapshot
+	// kills the plugin at each of these.
+	"group-after-record":         "group snapshots: TestCrashDuringGroupSnapshot",
+	"group-while-frozen":         "group snapshots: TestCrashDuringGroupSnapshot",
+	"group-delete-after-members": "group snapshots: TestCrashDuringGroupSnapshot",
 	"grow-assigned-after-mount": "growth of a volume a sandbox holds needs the Kata runtime's resize endpoint: TestCrashDuringAssignedGrowth covers it",
 }
 
