@@ -50,7 +50,7 @@ var soakSkipped = map[string]string{
 	"group-after-record":         "group snapshots: TestCrashDuringGroupSnapshot",
 	"group-while-frozen":         "group snapshots: TestCrashDuringGroupSnapshot",
 	"group-delete-after-members": "group snapshots: TestCrashDuringGroupSnapshot",
-	"grow-assigned-after-mount": "growth of a volume a sandbox holds needs the Kata runtime's resize endpoint: TestCrashDuringAssignedGrowth covers it",
+	"grow-assigned-after-mount":  "growth of a volume a sandbox holds needs the Kata runtime's resize endpoint: TestCrashDuringAssignedGrowth covers it",
 }
 
 // TestSoakKnowsEveryFailpoint fails when a failpoint is added to the code
