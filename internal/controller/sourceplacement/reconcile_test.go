@@ -188,6 +188,12 @@ func TestReconcile(t *testing.T) {
 	// A tenant's claim naming golden's PV, which is bound to golden.
 	squatter := golden.DeepCopy()
 	squatter.Name, squatter.UID = "squatter", "uid-squatter"
+	// A PV an admin pre-bound to claim reserved (no UID yet), and a
+	// tenant's claim naming it.
+	_, preboundPV := bound("prebound", names.Driver, "node-a")
+	preboundPV.Spec.ClaimRef = &corev1.ObjectReference{Namespace: ns, Name: "reserved"}
+	taker := golden.DeepCopy()
+	taker.Name, taker.UID, taker.Spec.VolumeName = "taker", "uid-taker", preboundPV.Name
 	unboundSrc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pending"}}
 	// without: the class and the source, without the source's node.
 	without := func(objs ...client.Object) []client.Object {
@@ -256,6 +262,7 @@ func TestReconcile(t *testing.T) {
 		{name: "a source not bound yet: looked at again", objs: with(unboundSrc, clone("work", "pending", nil), user("p", "work")), requeue: time.Minute},
 		{name: "a source not there yet: looked at again", objs: with(clone("work", "missing", nil), user("p", "work")), requeue: time.Minute},
 		{name: "a source naming a PV bound to another claim is not bound", objs: with(squatter, clone("work", "squatter", nil), user("p", "work")), requeue: time.Minute},
+		{name: "a source naming a PV pre-bound to another claim is not bound", objs: with(taker, preboundPV, clone("work", "taker", nil), user("p", "work")), requeue: time.Minute},
 		{name: "a source whose PV names no node", objs: with(nowhere, nowherePV, clone("work", "nowhere", nil), user("p", "work")),
 			events: []string{"Warning " + ReasonNoNode}},
 		{name: "a source in another namespace", objs: with(otherNS, user("p", "work")), events: []string{"Warning " + ReasonOtherNamespace}},
