@@ -3,6 +3,7 @@ package nodeloss
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -450,4 +451,88 @@ func TestRemoveFinalizers(t *testing.T) {
 			t.Fatalf("RemoveFinalizers: %d, %v; want %v naming node-a and node-b", n, err, ErrStillAdded)
 		}
 	})
+}
+
+// The record of released volumes: one ConfigMap while it fits, more once it
+// does not; each PV once; a node's long name; a name another node's record
+// took; an older controller's unlabelled record.
+func TestRecordReleased(t *testing.T) {
+	pvs := func(node string, n int) []*corev1.PersistentVolume {
+		var out []*corev1.PersistentVolume
+		for i := range n {
+			_, pv := volume(fmt.Sprintf("data-%d", i), names.Driver, node, "podvol")
+			out = append(out, pv)
+		}
+		return out
+	}
+	long := strings.Repeat("n", 100)
+	for _, tc := range []struct {
+		name  string
+		node  string
+		objs  []client.Object
+		pvs   int
+		bytes int // RecordBytes
+		cms   int // the node's ConfigMaps after
+	}{
+		{name: "one record", node: "node-a", pvs: 3, bytes: 1 << 10, cms: 1},
+		// An entry is 78 bytes: two fit in 170.
+		{name: "split when full", node: "node-a", pvs: 5, bytes: 170, cms: 3},
+		{name: "an entry larger than a record gets one of its own", node: "node-a", pvs: 2, bytes: 10, cms: 2},
+		{name: "a long node name", node: long, pvs: 3, bytes: 170, cms: 2},
+		{name: "its first name is another node's overflow", node: "node-a-x1", pvs: 1, bytes: 1 << 10, cms: 1, objs: []client.Object{
+			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: recordNS, Name: ReleasedRecordName("node-a-x1"),
+				Labels:      map[string]string{names.ReleasedLabel: "true", names.ReleasedNodeLabel: "node-a"},
+				Annotations: map[string]string{names.ReleasedNodeAnnotation: "node-a"}}, Data: map[string]string{"pv-other": "x"}}}},
+		{name: "an older controller's record, unlabelled", node: "node-a", pvs: 2, bytes: 1 << 10, cms: 1, objs: []client.Object{
+			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: recordNS, Name: ReleasedRecordName("node-a"),
+				Labels:      map[string]string{names.ReleasedLabel: "true"},
+				Annotations: map[string]string{names.ReleasedNodeAnnotation: "node-a"}}, Data: map[string]string{"pv-data-0": "volumeHandle=vol-data-0"}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func(b int) { RecordBytes = b }(RecordBytes)
+			RecordBytes = tc.bytes
+			e := newEnv(t, interceptor.Funcs{}, tc.objs...)
+			ctx := context.Background()
+			for pass := range 2 { // the second pass adds nothing
+				if err := e.r.recordReleased(ctx, tc.node, pvs(tc.node, tc.pvs)); err != nil {
+					t.Fatalf("pass %d: %v", pass+1, err)
+				}
+				recs, err := e.r.records(ctx, tc.node)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(recs) != tc.cms {
+					t.Fatalf("pass %d: %d ConfigMaps, want %d", pass+1, len(recs), tc.cms)
+				}
+				for i, cm := range recs {
+					if len(cm.Name) > 253 || cm.Labels[names.ReleasedNodeLabel] != ReleasedNodeLabelValue(tc.node) || cm.Annotations[names.ReleasedNodeAnnotation] != tc.node {
+						t.Errorf("record %s: labels %v annotations %v", cm.Name, cm.Labels, cm.Annotations)
+					}
+					if i == 0 && cm.Name != ReleasedRecordName(tc.node) && len(tc.objs) == 0 {
+						t.Errorf("first record %s, want %s", cm.Name, ReleasedRecordName(tc.node))
+					}
+					if len(cm.Data) > 1 && recordSize(cm.Data) > tc.bytes {
+						t.Errorf("record %s holds %d bytes, more than %d", cm.Name, recordSize(cm.Data), tc.bytes)
+					}
+				}
+				got, err := e.r.releasedRecord(ctx, tc.node)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(got) != tc.pvs {
+					t.Errorf("pass %d: recorded %v, want %d PVs", pass+1, got, tc.pvs)
+				}
+			}
+			// Another node's record is left as it was.
+			for _, o := range tc.objs {
+				cm := &corev1.ConfigMap{}
+				if err := e.c.Get(ctx, client.ObjectKeyFromObject(o), cm); err != nil {
+					t.Fatal(err)
+				}
+				if o.GetAnnotations()[names.ReleasedNodeAnnotation] != tc.node && len(cm.Data) != 1 {
+					t.Errorf("another node's record %s changed: %v", cm.Name, cm.Data)
+				}
+			}
+		})
+	}
 }
