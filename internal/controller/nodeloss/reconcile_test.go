@@ -536,3 +536,42 @@ func TestRecordReleased(t *testing.T) {
 		})
 	}
 }
+
+// A release cut short (a failed delete, or a controller restarted between
+// the record and the release), and then the node's kubelet is back: the
+// rest of its volumes are kept, and the record must name only what was
+// released. docs/operations.md has an admin give each recorded volume a new
+// PV and delete it, which deletes its image: a volume whose PV and claim
+// are still there must not be in the record.
+func TestReleaseCutShort(t *testing.T) {
+	data1, pv1 := volume("data-1", names.Driver, "node-a", "podvol")
+	data2, pv2 := volume("data-2", names.Driver, "node-a", "podvol")
+	fail := true
+	e := newEnv(t, interceptor.Funcs{Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
+		if o.GetName() == "data-2" && fail {
+			return errAPI
+		}
+		return c.Delete(ctx, o, opts...)
+	}}, podvolNode("node-a", true, true), data1, pv1, data2, pv2)
+	if _, err := e.passes("node-a", 5*time.Second, nil); err == nil {
+		t.Fatal("Reconcile: no error, want the failed delete")
+	}
+	fail = false
+	// The kubelet is back: it creates its Lease again.
+	if err := e.c.Create(context.Background(), lease("node-a", time.Unix(1000, 0))); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.reconcile("node-a"); err != nil || !res.IsZero() {
+		t.Fatalf("Reconcile: %+v, %v", res, err)
+	}
+	if e.exists(pv1) || !e.exists(data2) || !e.exists(pv2) {
+		t.Fatalf("pv-data-1 %v, data-2 %v, pv-data-2 %v; want the first released, the second kept", e.exists(pv1), e.exists(data2), e.exists(pv2))
+	}
+	got, err := e.r.releasedRecord(context.Background(), "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"pv-data-1"}; !slices.Equal(got, want) {
+		t.Errorf("recorded as released %v, want %v: pv-data-2 and its claim are still there", got, want)
+	}
+}

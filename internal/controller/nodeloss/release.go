@@ -45,6 +45,18 @@ func (r *Reconciler) keep(ctx context.Context, node *corev1.Node) error {
 	if err != nil {
 		return err
 	}
+	// A release cut short before this verdict (a failed step, a restart)
+	// recorded volumes it did not release: those whose PV is still there
+	// and not being deleted come out of the record.
+	var intact []string
+	for _, pv := range pvs {
+		if pv.DeletionTimestamp == nil {
+			intact = append(intact, pv.Name)
+		}
+	}
+	if err := r.unrecord(ctx, node.Name, intact); err != nil {
+		return err
+	}
 	for _, pv := range pvs {
 		pvc, err := r.claimOf(ctx, pv)
 		if err != nil {
