@@ -88,6 +88,18 @@ type env struct {
 func newEnv(t *testing.T, funcs interceptor.Funcs, objs ...client.Object) *env {
 	t.Helper()
 	c := fake.NewClientBuilder().WithObjects(objs...).Build()
+	// client-go refuses a Get of an empty name before sending it; the fake
+	// client answers NotFound.
+	get := funcs.Get
+	funcs.Get = func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+		if key.Name == "" {
+			return errors.New("resource name may not be empty")
+		}
+		if get != nil {
+			return get(ctx, c, key, o, opts...)
+		}
+		return c.Get(ctx, key, o, opts...)
+	}
 	ic := interceptor.NewClient(c, funcs)
 	rec := events.NewFakeRecorder(100)
 	// A grace and a lease duration of milliseconds: a Lease left
@@ -258,15 +270,16 @@ func TestDeletedNode(t *testing.T) {
 	data3, pv3 := volume("data-3", names.Driver, "node-b", "podvol")      // another node's
 	data4, pv4 := volume("data-4", "ebs.csi.example", "node-a", "podvol") // another driver's
 	_, pv5 := volume("data-5", names.Driver, "node-a", "gone")            // its claim and class gone
+	data6, pv6 := volume("data-6", names.Driver, "node-a", "")            // a static PV of no class
 	classes := []client.Object{
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: names.Driver},
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "keep"}, Provisioner: names.Driver, Parameters: map[string]string{names.ParamReleaseOnNodeLoss: "false"}},
 	}
-	vols := []client.Object{data1, pv1, data2, pv2, data3, pv3, data4, pv4, pv5}
+	vols := []client.Object{data1, pv1, data2, pv2, data3, pv3, data4, pv4, pv5, data6, pv6}
 	all := func(objs ...client.Object) []client.Object {
 		return append(append(append([]client.Object{}, classes...), vols...), objs...)
 	}
-	released := []client.Object{data1, pv1, pv5}
+	released := []client.Object{data1, pv1, pv5, data6, pv6}
 	kept := []client.Object{data2, pv2, data3, pv3, data4, pv4}
 	gr := corev1.Resource("persistentvolumeclaims")
 
@@ -284,9 +297,9 @@ func TestDeletedNode(t *testing.T) {
 		released bool
 	}{
 		{name: "its kubelet renews: not lost, nothing released", objs: all(podvolNode("node-a", true, true), lease("node-a", time.Unix(1000, 0))), renew: true,
-			events: []string{"Normal " + ReasonWaiting, "Warning " + ReasonNotLost, "Warning " + ReasonNotLost, "Warning " + ReasonNotLost}},
+			events: []string{"Normal " + ReasonWaiting, "Warning " + ReasonNotLost, "Warning " + ReasonNotLost, "Warning " + ReasonNotLost, "Warning " + ReasonNotLost}},
 		{name: "its Lease is not renewed: lost, its volumes released", objs: all(podvolNode("node-a", true, true)), released: true,
-			events: []string{"Normal " + ReasonWaiting, "Warning " + ReasonLost}},
+			events: []string{"Normal " + ReasonWaiting, "Warning " + ReasonLost, "Warning " + ReasonLost}},
 		{name: "its Lease is never read: held", objs: all(podvolNode("node-a", true, true)), held: true,
 			funcs: interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
 				if _, ok := o.(*coordinationv1.Lease); ok {
@@ -380,7 +393,7 @@ func TestDeletedNode(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := []string{"pv-data-1", "pv-data-5"}; tc.released && !slices.Equal(recorded, want) {
+			if want := []string{"pv-data-1", "pv-data-5", "pv-data-6"}; tc.released && !slices.Equal(recorded, want) {
 				t.Errorf("recorded %v, want %v", recorded, want)
 			} else if !tc.released && len(recorded) > 0 && tc.err == "" {
 				t.Errorf("recorded %v, want nothing", recorded)

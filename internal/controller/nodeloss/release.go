@@ -107,6 +107,11 @@ func (r *Reconciler) release(ctx context.Context, nodeName string, wait time.Dur
 	var released []*corev1.PersistentVolume
 	for _, pv := range pvs {
 		release, ok := classes[pv.Spec.StorageClassName]
+		if !ok && pv.Spec.StorageClassName == "" {
+			// A static PV of no class has none to opt out with (and
+			// the client refuses to read an empty name).
+			release, ok = true, true
+		}
 		if !ok {
 			sc := &storagev1.StorageClass{}
 			err := r.APIReader.Get(ctx, client.ObjectKey{Name: pv.Spec.StorageClassName}, sc)
