@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -586,5 +588,79 @@ func TestReleaseCutShort(t *testing.T) {
 	}
 	if want := []string{"pv-data-1"}; !slices.Equal(got, want) {
 		t.Errorf("recorded as released %v, want %v: pv-data-2 and its claim are still there", got, want)
+	}
+}
+
+// The gauge counts the recorded volumes of the nodes that are back and run
+// podvol, and forgets a node whose record went or that went again.
+func TestUpdateGauge(t *testing.T) {
+	record := func(node string, pvs ...string) *corev1.ConfigMap {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: recordNS, Name: ReleasedRecordName(node),
+			Labels:      map[string]string{names.ReleasedLabel: "true", names.ReleasedNodeLabel: ReleasedNodeLabelValue(node)},
+			Annotations: map[string]string{names.ReleasedNodeAnnotation: node}}, Data: map[string]string{}}
+		for _, pv := range pvs {
+			cm.Data[pv] = "volumeHandle=" + pv
+		}
+		return cm
+	}
+	split := record("g-back", "pv-3")
+	split.Name += "-x1y2z"
+	e := newEnv(t, interceptor.Funcs{},
+		podvolNode("g-back", true, false), csiNode("g-back", names.Driver), record("g-back", "pv-1", "pv-2"), split,
+		podvolNode("g-nopodvol", false, false), record("g-nopodvol", "pv-4"),
+		podvolNode("g-deleting", true, true), csiNode("g-deleting", names.Driver), record("g-deleting", "pv-5"),
+		record("g-away", "pv-6"))
+	ctx := context.Background()
+	values := func() map[string]float64 {
+		got := map[string]float64{}
+		ch := make(chan prometheus.Metric, 100)
+		releasedOnNode.Collect(ch)
+		close(ch)
+		for m := range ch {
+			d := &dto.Metric{}
+			if err := m.Write(d); err != nil {
+				t.Fatal(err)
+			}
+			if n := d.GetLabel()[0].GetValue(); strings.HasPrefix(n, "g-") {
+				got[n] = d.GetGauge().GetValue()
+			}
+		}
+		return got
+	}
+	if err := e.r.updateGauge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := values(); len(got) != 1 || got["g-back"] != 3 {
+		t.Errorf("gauge %v, want g-back=3 only", got)
+	}
+	// The admin deleted the records once dealt with.
+	for _, cm := range []*corev1.ConfigMap{record("g-back"), split} {
+		if err := e.c.Delete(ctx, cm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.r.updateGauge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := values(); len(got) != 0 {
+		t.Errorf("gauge %v after the records went, want none", got)
+	}
+}
+
+// brief cuts an error to fit an event, on a character boundary.
+func TestBrief(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		want int // length
+	}{
+		{"short", 5},
+		{strings.Repeat("x", 700), 700},
+		{strings.Repeat("x", 701), 703},
+		{strings.Repeat("x", 699) + "é" + "tail", 702}, // é cut in half: dropped
+	} {
+		got := brief(errors.New(tc.msg))
+		if len(got) != tc.want || !utf8.ValidString(got) {
+			t.Errorf("brief(%d bytes) = %d bytes (valid UTF-8: %v), want %d", len(tc.msg), len(got), utf8.ValidString(got), tc.want)
+		}
 	}
 }
