@@ -293,6 +293,13 @@ func TestReconcile(t *testing.T) {
 				return apierrors.NewNotFound(schema.GroupResource{Resource: "namespaces"}, ns)
 			}},
 			want: want{claim: "gone"}},
+		{name: "gone with its namespace terminating: the reset is dropped", cached: []client.Object{stashOf(ours, key.String(), 1)},
+			funcs: interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+				return &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 403, Reason: metav1.StatusReasonForbidden,
+					Message: "unable to create new content in namespace ns because it is being terminated",
+					Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: corev1.NamespaceTerminatingCause}}}}}
+			}},
+			want: want{claim: "gone"}},
 		{name: "gone, and the create fails: retried with the stash kept", cached: []client.Object{stashOf(ours, key.String(), 1)},
 			funcs: interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error { return errAPI }},
 			want:  want{claim: "gone", stash: true, err: errAPI.Error()}},
