@@ -561,3 +561,21 @@ func TestNodeLossRecordFailureIsVisible(t *testing.T) {
 	e.ns("podvol-records-missing")
 	e.eventually("the release once the record can be written", func() bool { return !e.pvExists("pv-data-db-0") && e.gone("n1") })
 }
+
+// A static PV of no class (storageClassName "") on a lost node is released
+// as any other: it has no class to opt out with. The real client refuses a
+// Get of an empty name, so the class is not looked up.
+func TestNodeLossClasslessVolume(t *testing.T) {
+	e, _ := startNodeLoss(t, func(r *nodeloss.Reconciler) { r.Grace, r.LeaseDuration = time.Second, time.Second })
+	ns := e.ns("classless")
+	e.must(e.c.Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"}, Provisioner: "podvol.io"}))
+	n := e.node("n1", "podvol.io")
+	e.eventually("the node's finalizer", func() bool { return e.held("n1") })
+	e.boundOn(ns, "static", "", "n1")
+	e.boundOn(ns, "dynamic", "podvol", "n1")
+	e.must(e.c.Delete(bg, n))
+	e.eventually("the lost node's volumes released", func() bool {
+		return e.pvc(ns, "static") == nil && !e.pvExists("pv-static") && e.pvc(ns, "dynamic") == nil && !e.pvExists("pv-dynamic")
+	})
+	e.eventually("the node gone", func() bool { return e.gone("n1") })
+}

@@ -45,6 +45,18 @@ func (r *Reconciler) keep(ctx context.Context, node *corev1.Node) error {
 	if err != nil {
 		return err
 	}
+	// A release cut short before this verdict (a failed step, a restart)
+	// recorded volumes it did not release: those whose PV is still there
+	// and not being deleted come out of the record.
+	var intact []string
+	for _, pv := range pvs {
+		if pv.DeletionTimestamp == nil {
+			intact = append(intact, pv.Name)
+		}
+	}
+	if err := r.unrecord(ctx, node.Name, intact); err != nil {
+		return err
+	}
 	for _, pv := range pvs {
 		pvc, err := r.claimOf(ctx, pv)
 		if err != nil {
@@ -95,6 +107,11 @@ func (r *Reconciler) release(ctx context.Context, nodeName string, wait time.Dur
 	var released []*corev1.PersistentVolume
 	for _, pv := range pvs {
 		release, ok := classes[pv.Spec.StorageClassName]
+		if !ok && pv.Spec.StorageClassName == "" {
+			// A static PV of no class has none to opt out with (and
+			// the client refuses to read an empty name).
+			release, ok = true, true
+		}
 		if !ok {
 			sc := &storagev1.StorageClass{}
 			err := r.APIReader.Get(ctx, client.ObjectKey{Name: pv.Spec.StorageClassName}, sc)

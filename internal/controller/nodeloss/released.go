@@ -24,8 +24,9 @@ import (
 
 // A released volume is not deleted on its node (the node is gone), so if the
 // node comes back its images are still in its pool, unknown to Kubernetes.
-// node-loss writes down what it released, before releasing it, in
-// ConfigMaps of its own namespace, and counts the released volumes of every
+// node-loss writes down what it released, before releasing it (and takes
+// back out what a release cut short did not release, if the node then proves
+// alive), in ConfigMaps of its own namespace, and counts the released volumes of every
 // node that is back in a metric; a returning node gets an event.
 // docs/operations.md says how to reclaim or recover them.
 //
@@ -210,6 +211,40 @@ func (r *Reconciler) recordReleased(ctx context.Context, nodeName string, pvs []
 		if err != nil {
 			return fmt.Errorf("record the volumes released from node %s in a new ConfigMap in %s: %w", nodeName, r.Namespace, err)
 		}
+	}
+	return nil
+}
+
+// unrecord takes PVs out of node's records: volumes a release wrote down
+// but did not release, kept once the node proved alive. The record is
+// written before the release, so a release cut short names more than it
+// released, and docs/operations.md has an admin give each recorded volume a
+// new PV and delete it, which deletes its image: a volume still in use must
+// not be named there.
+func (r *Reconciler) unrecord(ctx context.Context, nodeName string, pvs []string) error {
+	if r.Namespace == "" || len(pvs) == 0 {
+		return nil
+	}
+	recs, err := r.records(ctx, nodeName)
+	if err != nil {
+		return err
+	}
+	for _, cm := range recs {
+		patch := client.MergeFrom(cm.DeepCopy())
+		removed := false
+		for _, pv := range pvs {
+			if _, ok := cm.Data[pv]; ok {
+				delete(cm.Data, pv)
+				removed = true
+			}
+		}
+		if !removed {
+			continue
+		}
+		if err := r.Client.Patch(ctx, cm, patch); err != nil {
+			return fmt.Errorf("take the volumes kept on node %s out of ConfigMap %s/%s, which records them as released: %w", nodeName, cm.Namespace, cm.Name, err)
+		}
+		log.FromContext(ctx).Info("Volumes recorded as released were kept: taken out of the record", "node", nodeName, "configMap", cm.Name)
 	}
 	return nil
 }
