@@ -37,19 +37,27 @@ func class(name, provisioner string, params map[string]string, isDefault bool) *
 	return sc
 }
 
+// wffc gives a class WaitForFirstConsumer binding.
+func wffc(sc *storagev1.StorageClass) *storagev1.StorageClass {
+	m := storagev1.VolumeBindingWaitForFirstConsumer
+	sc.VolumeBindingMode = &m
+	return sc
+}
+
 var errAPI = errors.New("the API server is unreachable")
 
 func TestReconcile(t *testing.T) {
 	gr := schema.GroupResource{Resource: "configmaps"}
 	classes := []client.Object{
-		class("fast", names.Driver, nil, false),
-		class("vm", names.Driver, map[string]string{names.ParamDirectAssign: "always"}, false),
+		wffc(class("fast", names.Driver, nil, false)),
+		wffc(class("vm", names.Driver, map[string]string{names.ParamDirectAssign: "always"}, false)),
 		class("vm-auto", names.Driver, map[string]string{names.ParamDirectAssign: "auto"}, false),
 		class("no-vm", names.Driver, map[string]string{names.ParamDirectAssign: "never"}, false),
 		// Another driver's, the cluster default: not podvol's to list.
 		class("other", "ebs.csi.example", map[string]string{names.ParamDirectAssign: "always"}, true),
 	}
-	facts := map[string]string{Classes: "fast no-vm vm vm-auto", DirectClasses: "vm vm-auto", DefaultIsPodvol: "false"}
+	// Restores of the WaitForFirstConsumer ones are placed.
+	facts := map[string]string{Classes: "fast no-vm vm vm-auto", DirectClasses: "vm vm-auto", DefaultIsPodvol: "false", PlacedClasses: "fast vm"}
 	withAdmin := func(m map[string]string) map[string]string {
 		m = maps.Clone(m)
 		m["inlineMaxSize"] = "1Gi"
@@ -67,9 +75,9 @@ func TestReconcile(t *testing.T) {
 		injected bool // funcs inject a fault that a second pass meets again
 	}{
 		{name: "created when missing", classes: classes, want: facts, writes: 1},
-		{name: "no podvol class: empty lists", classes: classes[4:], want: map[string]string{Classes: "", DirectClasses: "", DefaultIsPodvol: "false"}, writes: 1},
+		{name: "no podvol class: empty lists", classes: classes[4:], want: map[string]string{Classes: "", DirectClasses: "", DefaultIsPodvol: "false", PlacedClasses: ""}, writes: 1},
 		{name: "a podvol class is the default", classes: append([]client.Object{class("def", names.Driver, nil, true)}, classes[4:]...),
-			want: map[string]string{Classes: "def", DirectClasses: "", DefaultIsPodvol: "true"}, writes: 1},
+			want: map[string]string{Classes: "def", DirectClasses: "", DefaultIsPodvol: "true", PlacedClasses: ""}, writes: 1},
 		{name: "up to date: not written", classes: classes, existing: withAdmin(facts), want: withAdmin(facts)},
 		{name: "an admin's edit of our keys is undone, the admin's own key kept", classes: classes,
 			existing: withAdmin(map[string]string{Classes: "fast", DirectClasses: "", DefaultIsPodvol: "true"}), want: withAdmin(facts), writes: 1},
