@@ -278,3 +278,95 @@ func TestClaimRights(t *testing.T) {
 
 	e.typeChecked(t, policies)
 }
+
+// directPolicy is the admission policy that holds microVM-assigned volumes
+// to ReadWriteOncePod.
+const directPolicy = "podvol-direct-assign-rwop"
+
+// refusedByDirect checks that the direct-assign policy refused the request,
+// with a message naming each of want.
+func refusedByDirect(t *testing.T, what string, err error, want ...string) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Errorf("%s: want refused by %s, it was allowed", what, directPolicy)
+	case !strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+directPolicy+"'"):
+		t.Errorf("%s: want refused by %s, got: %v", what, directPolicy, err)
+	default:
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: refusal does not say %q: %v", what, w, err)
+			}
+		}
+		t.Logf("%s: refused: %v", what, err)
+	}
+}
+
+// TestDirectClassTemplates: a claim template (a StatefulSet's
+// volumeClaimTemplates, a generic ephemeral volume of a pod or of a
+// workload's pod template) of a class that hands volumes to microVMs must
+// ask for ReadWriteOncePod, as a PVC of that class must, and is refused when
+// the template is written, not when its PVC is made later by a controller
+// (a StatefulSet whose pods then wait for ever with the reason in the
+// StatefulSet's events).
+func TestDirectClassTemplates(t *testing.T) {
+	e := start(t)
+	for name, params := range map[string]map[string]string{"podvol": nil, "vm-disks": {names.ParamDirectAssign: "always"}} {
+		if _, err := e.admin.kc.StorageV1().StorageClasses().Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Provisioner: names.Driver, Parameters: params, VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	policies := apply(t, e.ac, manifest(t, "PODVOL_ADMISSION_POLICY", "admission-policy.yaml"))
+	e.admissionParams(t)
+	e.params(t, map[string]string{admissionparams.DirectClasses: "vm-disks"})
+	kc := e.admin.kc
+	rwo := claimTemplate("disk", ptr.To("vm-disks"), nil)
+	rwop := claimTemplate("disk", ptr.To("vm-disks"), nil)
+	rwop.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod}
+
+	// The policy is loaded once a PVC of the class without RWOP is refused.
+	pvc := rwo.DeepCopy()
+	err := eventually(time.Minute, func() error {
+		_, err := kc.CoreV1().PersistentVolumeClaims("tenant").Create(bg, pvc, dryRun)
+		if err == nil {
+			return fmt.Errorf("a ReadWriteOnce PVC of vm-disks was admitted")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the policy never took effect: %v", err)
+	}
+	_, err = kc.CoreV1().PersistentVolumeClaims("tenant").Create(bg, pvc, dryRun)
+	refusedByDirect(t, "PVC", err, "StorageClass vm-disks hands volumes to microVMs", "ReadWriteOncePod")
+
+	sts := kc.AppsV1().StatefulSets("tenant")
+	_, err = sts.Create(bg, statefulSet("vm", rwo), dryRun)
+	refusedByDirect(t, "StatefulSet with a ReadWriteOnce template of vm-disks", err,
+		"volumeClaimTemplates entry disk", "asks for a StorageClass that hands volumes to microVMs (vm-disks)", "ReadWriteOncePod")
+	_, err = sts.Create(bg, statefulSet("vm", rwop), dryRun)
+	allowed(t, e.admin, "StatefulSet with a ReadWriteOncePod template of vm-disks", err)
+	_, err = sts.Create(bg, statefulSet("db", claimTemplate("data", ptr.To("podvol"), nil)), dryRun)
+	allowed(t, e.admin, "StatefulSet with a ReadWriteOnce template of podvol", err)
+
+	ephemeral := func(tmpl corev1.PersistentVolumeClaim) corev1.PodSpec {
+		return corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "c"}},
+			Volumes: []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{
+				VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: tmpl.Spec}}}}}}
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: ephemeral(rwo)}
+	_, err = kc.CoreV1().Pods("tenant").Create(bg, pod, dryRun)
+	refusedByDirect(t, "pod with a ReadWriteOnce ephemeral volume of vm-disks", err, "ephemeral volume scratch", "microVMs (vm-disks)", "ReadWriteOncePod")
+	pod.Spec = ephemeral(rwop)
+	_, err = kc.CoreV1().Pods("tenant").Create(bg, pod, dryRun)
+	allowed(t, e.admin, "pod with a ReadWriteOncePod ephemeral volume of vm-disks", err)
+
+	labels := map[string]string{"app": "d"}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "d"}, Spec: appsv1.DeploymentSpec{
+		Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: ephemeral(rwo)}}}
+	_, err = kc.AppsV1().Deployments("tenant").Create(bg, dep, dryRun)
+	refusedByDirect(t, "Deployment with a ReadWriteOnce ephemeral volume of vm-disks", err, "ephemeral volume scratch", "microVMs (vm-disks)", "ReadWriteOncePod")
+
+	e.typeChecked(t, policies)
+}
