@@ -88,6 +88,8 @@ func Open(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("resolve pool directory: %w", err)
 	}
 	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes"), snapDir: filepath.Join(dir, "snapshots"), dev: cfg.Device}
+	_, err = os.Lstat(p.snapDir)
+	held := err == nil // the pool held snapshots before, maybe under a store now lost
 	for _, d := range []string{p.volDir, p.snapDir} {
 		if err := mkdirNoSymlink(d); err != nil {
 			return nil, err
@@ -114,6 +116,13 @@ func Open(cfg Config) (*Pool, error) {
 	}
 	if p.store, err = store.Open(filepath.Join(dir, "podvol.db")); err != nil {
 		return nil, err
+	}
+	if p.store.Made() && held {
+		// A new store in a pool that was there before: the snapshots
+		// the lost one deleted are not in it (DeleteHeldSnapshot).
+		if err := p.store.MissedDeletionsBefore(time.Now()); err != nil {
+			return nil, errors.Join(err, p.store.Close())
+		}
 	}
 	if err := p.accountForImages(context.Background(), cfg.UnknownImages); err != nil {
 		return nil, errors.Join(err, p.store.Close())

@@ -52,4 +52,16 @@ func TestNodelessDeleteConverges(t *testing.T) {
 	must(t, fresh.p.DeleteHeldSnapshot(s.ID))
 	must(t, fresh.reopen(""))
 	must(t, fresh.p.DeleteHeldSnapshot(s.ID))
+	err = fresh.p.DeleteHeldSnapshot(someID)
+	wantErr(t, err, errkind.ErrElsewhere, "DeleteHeldSnapshot of a snapshot never held, after a reopen")
+
+	// The same pool with its store lost: the new store cannot know what
+	// the old one deleted.
+	must(t, fresh.p.Close())
+	fresh.p = nil
+	must(t, os.Remove(filepath.Join(fresh.dir, "podvol.db")))
+	must(t, fresh.reopen(pool.UnknownAdopt))
+	if err := fresh.p.DeleteHeldSnapshot(someID); err != nil {
+		t.Fatalf("DeleteHeldSnapshot in a pool whose store was lost, of a snapshot it may have deleted before: %v", err)
+	}
 }

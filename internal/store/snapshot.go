@@ -70,6 +70,22 @@ func (s *Store) DeletionsRecordedSince() (since time.Time, always bool) {
 	return s.deletionsSince, s.deletionsSince.IsZero()
 }
 
+// MissedDeletionsBefore records that snapshots may have been deleted from
+// this pool before t without this store knowing (it replaces a lost one):
+// DeletionsRecordedSince is then t, unless it was later already.
+func (s *Store) MissedDeletionsBefore(t time.Time) error {
+	if !s.deletionsSince.IsZero() && !s.deletionsSince.Before(t) {
+		return nil
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keyDeletionsSince, binary.BigEndian.AppendUint64(nil, uint64(t.UnixNano())))
+	})
+	if err == nil {
+		s.deletionsSince = t
+	}
+	return err
+}
+
 // rememberDeleted records the deletion of snapshot id at now.
 func rememberDeleted(tx *bolt.Tx, id string, now time.Time) error {
 	return tx.Bucket(bucketDeletedSnapshots).Put([]byte(id), binary.BigEndian.AppendUint64(nil, uint64(now.UnixNano())))

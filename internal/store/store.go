@@ -134,7 +134,12 @@ type Store struct {
 	snapshots table[Snapshot]
 	// deletionsSince: see DeletionsRecordedSince.
 	deletionsSince time.Time
+	// made: Open created the file.
+	made bool
 }
+
+// Made tells whether Open created the store, rather than opened one.
+func (s *Store) Made() bool { return s.made }
 
 // Open opens (creating if needed) the database at path. A second plugin on
 // the same pool fails here rather than corrupting the first one's state.
@@ -167,6 +172,7 @@ func Open(path string) (*Store, error) {
 		db:             db,
 		ledger:         l,
 		deletionsSince: since,
+		made:           made,
 		volumes:        table[Volume]{db: db, ledger: l, kind: "volume", records: bucketVolumes, names: bucketNames, id: func(v *Volume) string { return v.ID }, name: func(v *Volume) string { return v.Name }, usage: volumeUsage},
 		snapshots: table[Snapshot]{db: db, ledger: l, kind: "snapshot", records: bucketSnapshots, names: bucketSnapshotNames, id: func(s *Snapshot) string { return s.ID }, name: func(s *Snapshot) string { return s.Name }, usage: snapshotUsage,
 			deleted: func(tx *bolt.Tx, id string) error { return rememberDeleted(tx, id, time.Now()) }},
