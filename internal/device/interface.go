@@ -30,6 +30,7 @@ type Loops interface {
 	LoopsFor(image string) ([]string, error)
 	LoopBackingFile(dev string) string
 	LoopServes(dev, image string) bool
+	LoopTag(dev string) string
 	LoopSetCapacity(dev string) error
 	DeviceSize(dev string) (int64, error)
 	DeviceNodeOf(path, dev string) error
@@ -99,6 +100,7 @@ func (Host) LoopDevices() (map[string]string, error)               { return Loop
 func (Host) LoopsFor(image string) ([]string, error)               { return LoopsFor(image) }
 func (Host) LoopBackingFile(dev string) string                     { return LoopBackingFile(dev) }
 func (Host) LoopServes(dev, image string) bool                     { return LoopServes(dev, image) }
+func (Host) LoopTag(dev string) string                             { return LoopTag(dev) }
 func (Host) LoopSetCapacity(dev string) error                      { return LoopSetCapacity(dev) }
 func (Host) DeviceSize(dev string) (int64, error)                  { return DeviceSize(dev) }
 func (Host) SyncDevice(dev string) error                           { return SyncDevice(dev) }

@@ -7,6 +7,7 @@
 package device
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -37,7 +38,20 @@ type LoopOptions struct {
 	// 4096. 0 chooses (ChooseBlockSize): the pool's block size, lowered to
 	// what a filesystem already on the image was made for.
 	BlockSize int
+	// Tag is the name the kernel keeps with the device for as long as it
+	// is attached (lo_file_name, at most LoopTagMax bytes), read back by
+	// LoopTag; empty: the image's path, cut to fit, as losetup does. It is
+	// what identifies the owner of a device whose backing file was
+	// deleted: that file's path and inode are gone, and the path the
+	// kernel reports for it is the same for every mount namespace that
+	// had a file there. /sys reports the backing file from the file
+	// itself, not from this name.
+	Tag string
 }
+
+// LoopTagMax is the longest LoopOptions.Tag: lo_file_name's 64 bytes, less
+// the NUL the kernel keeps at its end.
+const LoopTagMax = unix.LO_NAME_SIZE - 1
 
 // LoopIO is how an attached loop device does its I/O.
 type LoopIO struct {
@@ -153,6 +167,9 @@ func AttachLoop(image string, opts LoopOptions) (string, error) {
 	if !validBlockSize(bs) {
 		return "", fmt.Errorf("attach %s: logical block size %d: want 512, 1024, 2048 or 4096", image, bs)
 	}
+	if len(opts.Tag) > LoopTagMax {
+		return "", fmt.Errorf("attach %s: tag %q is longer than %d bytes", image, opts.Tag, LoopTagMax)
+	}
 	img, err := os.OpenFile(image, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", fmt.Errorf("open image: %w", err)
@@ -179,7 +196,7 @@ func AttachLoop(image string, opts LoopOptions) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		err = configureLoop(lf, img, image, bs, opts.DirectIO)
+		err = configureLoop(lf, img, image, opts.Tag, bs, opts.DirectIO)
 		lf.Close()
 		if err == nil {
 			return dev, nil
@@ -201,9 +218,9 @@ var loopConfigure = unix.IoctlLoopConfigure
 // (Linux 5.8), with direct I/O if asked and the kernel grants it, else
 // buffered. Kernels before 5.8 answer LOOP_CONFIGURE with EINVAL or ENOTTY;
 // there the older ioctls do the same in steps.
-func configureLoop(lf, img *os.File, name string, bs int, directIO bool) error {
+func configureLoop(lf, img *os.File, name, tag string, bs int, directIO bool) error {
 	cfg := unix.LoopConfig{Fd: uint32(img.Fd()), Size: uint32(bs)}
-	copy(cfg.Info.File_name[:], name)
+	copy(cfg.Info.File_name[:LoopTagMax], cmp.Or(tag, name))
 	if directIO {
 		cfg.Info.Flags = unix.LO_FLAGS_DIRECT_IO
 		// A kernel that cannot do direct I/O on this file refuses the
@@ -219,14 +236,14 @@ func configureLoop(lf, img *os.File, name string, bs int, directIO bool) error {
 	if err == nil || !(errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY)) {
 		return err
 	}
-	return configureLoopLegacy(lf, img, name, bs, directIO)
+	return configureLoopLegacy(lf, img, name, tag, bs, directIO)
 }
 
 // configureLoopLegacy is configureLoop for kernels without LOOP_CONFIGURE:
 // bind, name, block size, then direct I/O, whose refusal leaves the device
 // buffered. A failure after the bind unbinds again, so that no half-set-up
 // device is left.
-func configureLoopLegacy(lf, img *os.File, name string, bs int, directIO bool) error {
+func configureLoopLegacy(lf, img *os.File, name, tag string, bs int, directIO bool) error {
 	fd := int(lf.Fd())
 	if err := unix.IoctlSetInt(fd, unix.LOOP_SET_FD, int(img.Fd())); err != nil {
 		return fmt.Errorf("LOOP_SET_FD: %w", err)
@@ -236,7 +253,7 @@ func configureLoopLegacy(lf, img *os.File, name string, bs int, directIO bool) e
 		return err
 	}
 	info := unix.LoopInfo64{}
-	copy(info.File_name[:], name)
+	copy(info.File_name[:LoopTagMax], cmp.Or(tag, name))
 	if err := unix.IoctlLoopSetStatus64(fd, &info); err != nil {
 		return undo(fmt.Errorf("LOOP_SET_STATUS64: %w", err))
 	}
@@ -466,6 +483,23 @@ func DeviceNodeOf(path, dev string) error {
 		return fmt.Errorf("%s is not a device node of %s: %w", path, dev, ErrNotMounted)
 	}
 	return nil
+}
+
+// LoopTag returns the name dev was attached with (LoopOptions.Tag; the path
+// a device attached without one was given, as by losetup), or "" if dev is
+// not attached.
+func LoopTag(dev string) string {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err != nil {
+		return ""
+	}
+	tag, _, _ := strings.Cut(string(info.File_name[:]), "\x00")
+	return tag
 }
 
 // LoopInode returns the device and inode numbers of a loop device's backing

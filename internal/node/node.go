@@ -226,13 +226,14 @@ func (n *Node) ensureLoop(v *store.Volume, block bool) (string, error) {
 // filesystem made in the pod, an application's O_DIRECT alignment) may
 // depend on them, and podvol cannot tell.
 func (n *Node) loopOptions(block bool) device.LoopOptions {
+	tag := n.pool.LoopTag()
 	switch {
 	case n.buffered:
-		return device.LoopOptions{BlockSize: device.LegacyBlockSize}
+		return device.LoopOptions{BlockSize: device.LegacyBlockSize, Tag: tag}
 	case block:
-		return device.LoopOptions{DirectIO: true, BlockSize: device.LegacyBlockSize}
+		return device.LoopOptions{DirectIO: true, BlockSize: device.LegacyBlockSize, Tag: tag}
 	}
-	return device.LoopOptions{DirectIO: true}
+	return device.LoopOptions{DirectIO: true, Tag: tag}
 }
 
 // directIORefused records a loop device attached buffered against the

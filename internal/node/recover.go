@@ -103,7 +103,7 @@ func (n *Node) Recover(ctx context.Context) error {
 		return errors.Join(append(errs, err)...)
 	}
 	for dev, backing := range loops {
-		id, ours := n.pool.LoopImage(dev, backing)
+		id, detachAs, ours := n.pool.LoopImage(dev, backing)
 		if !ours || owned[dev] {
 			continue
 		}
@@ -112,7 +112,7 @@ func (n *Node) Recover(ctx context.Context) error {
 			continue
 		}
 		klog.InfoS("Detaching loop device that no stage owns", "device", dev, "backing", backing, "volume", id)
-		if err := n.dev.DetachLoop(dev, n.pool.ImagePath(id)); err != nil {
+		if err := n.dev.DetachLoop(dev, detachAs); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -59,6 +59,9 @@ type Pool struct {
 	store    *store.Store
 	reflink  bool
 	dev      device.Interface
+	// loopTag names this pool to the kernel in each loop device it
+	// attaches (device.LoopOptions.Tag): see LoopTag.
+	loopTag string
 
 	// mu serialises every capacity check with the allocation it admits
 	// (volume and snapshot creation, growth).
@@ -85,11 +88,18 @@ func Open(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("resolve pool directory: %w", err)
 	}
 	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes"), snapDir: filepath.Join(dir, "snapshots"), dev: cfg.Device}
+	_, err = os.Lstat(p.snapDir)
+	held := err == nil // the pool held snapshots before, maybe under a store now lost
 	for _, d := range []string{p.volDir, p.snapDir} {
 		if err := mkdirNoSymlink(d); err != nil {
 			return nil, err
 		}
 	}
+	var st unix.Stat_t
+	if err := unix.Stat(p.volDir, &st); err != nil {
+		return nil, fmt.Errorf("pool %s: %w", p.volDir, err)
+	}
+	p.loopTag = fmt.Sprintf("podvol pool %d:%d", st.Dev, st.Ino)
 	p.reflink = p.dev.CanReflink(p.volDir)
 	if p.reflink {
 		klog.InfoS("Pool filesystem supports reflink: snapshots and clones share extents and take constant time", "dir", dir)
@@ -106,6 +116,13 @@ func Open(cfg Config) (*Pool, error) {
 	}
 	if p.store, err = store.Open(filepath.Join(dir, "podvol.db")); err != nil {
 		return nil, err
+	}
+	if p.store.Made() && held {
+		// A new store in a pool that was there before: the snapshots
+		// the lost one deleted are not in it (DeleteHeldSnapshot).
+		if err := p.store.MissedDeletionsBefore(time.Now()); err != nil {
+			return nil, errors.Join(err, p.store.Close())
+		}
 	}
 	if err := p.accountForImages(context.Background(), cfg.UnknownImages); err != nil {
 		return nil, errors.Join(err, p.store.Close())
@@ -466,25 +483,45 @@ func (p *Pool) Recover(ctx context.Context) error {
 }
 
 // LoopImage reports whether loop device dev, listed by LoopDevices with
-// backing, serves a volume image of this pool, and returns the volume id.
-// The path the kernel reports is the one in the mount namespace that
-// attached the device: this plugin's earlier container reports another
-// directory for this pool's images, and another node's plugin on the same
-// kernel (the dev cluster) reports this very pool's path for images of its
-// own pool. So the path only names a candidate, by its file name; the
-// image's device and inode decide. A loop device whose backing file was
-// deleted cannot be told apart from another pool's and is never ours.
-func (p *Pool) LoopImage(dev, backing string) (string, bool) {
-	name := filepath.Base(backing)
-	if !strings.HasSuffix(name, ".img") {
-		return "", false
+// backing, serves a volume image of this pool, and returns the volume id
+// and the backing file to name to DetachLoop. The path the kernel reports
+// is the one in the mount namespace that attached the device: this
+// plugin's earlier container reports another directory for this pool's
+// images, and another node's plugin on the same kernel (the dev cluster)
+// reports this very pool's path for images of its own pool. So the path
+// only names a candidate, by its file name; the image's device and inode
+// decide. A device whose image was deleted has neither left: it is this
+// pool's if the pool attached it (its LoopTag), and the kernel's report
+// then names it to DetachLoop.
+func (p *Pool) LoopImage(dev, backing string) (id, detachAs string, ours bool) {
+	name, deleted := strings.CutSuffix(filepath.Base(backing), deletedSuffix)
+	id, isImage := strings.CutSuffix(name, ".img")
+	if !isImage || !ValidID(id) {
+		return "", "", false
 	}
-	id := strings.TrimSuffix(name, ".img")
-	if !ValidID(id) || !p.dev.LoopServes(dev, p.ImagePath(id)) {
-		return "", false
+	if deleted {
+		// The tag names one pool on this machine until it reboots,
+		// which loop devices do not outlive.
+		if p.dev.LoopTag(dev) != p.loopTag {
+			return "", "", false
+		}
+		return id, backing, true
 	}
-	return id, true
+	if !p.dev.LoopServes(dev, p.ImagePath(id)) {
+		return "", "", false
+	}
+	return id, p.ImagePath(id), true
 }
+
+// LoopTag is the tag of the loop devices this pool attaches: the device and
+// inode of its volumes directory, which no other pool on this machine has
+// (whatever path its plugin's mount namespace shows it at) and which only
+// changes with the directory itself.
+func (p *Pool) LoopTag() string { return p.loopTag }
+
+// deletedSuffix ends the path the kernel reports for a loop device's
+// backing file that was deleted.
+const deletedSuffix = " (deleted)"
 
 // Unwritten returns how many bytes the pool filesystem has free and how many
 // the volumes and snapshots may still write into their sparse images. When

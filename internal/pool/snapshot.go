@@ -206,12 +206,16 @@ func (p *Pool) DeleteSnapshot(id string) error {
 
 // DeleteHeldSnapshot deletes a snapshot named by a handle that names no
 // node, which may be any node's. A snapshot this pool holds is deleted, one
-// it deleted (within store.DeletedRetention) is done; one it never held is
-// on another node and is left alone: errkind.ErrElsewhere, not success, or its
+// it deleted is done. One it never held is on another node, or nowhere, and
+// is left alone: errkind.ErrElsewhere, not success, or its
 // VolumeSnapshotContent would go while its image stays on its node for
 // ever. Snapshot ids are random and made by one pool, so "never held" is
-// known here. An id of a shape this pool never makes is no snapshot
-// anywhere: done.
+// known here, if the store has recorded its deletions since it was made;
+// one made by an older plugin has not, and a snapshot missing from it may
+// have been deleted here before: done, as the CSI spec asks of a snapshot
+// that is not there, since refusing would keep its VolumeSnapshotContent
+// for ever (said in the log). An id of a shape this pool never makes is no
+// snapshot anywhere: done.
 func (p *Pool) DeleteHeldSnapshot(id string) error {
 	if !ValidSnapshotID(id) {
 		return nil
@@ -225,7 +229,13 @@ func (p *Pool) DeleteHeldSnapshot(id string) error {
 		if deleted {
 			return nil
 		}
-		return fmt.Errorf("snapshot %s was never in this node's pool: %w", id, errkind.ErrElsewhere)
+		since, always := p.store.DeletionsRecordedSince()
+		if always {
+			return fmt.Errorf("snapshot %s was never in this node's pool: %w", id, errkind.ErrElsewhere)
+		}
+		klog.InfoS("Reporting a snapshot whose handle names no node as deleted: it is not in this pool, which has recorded its deletions only since an upgrade and may have deleted it before; if it is on another node after all, its image stays there, at snapshots/<id>.img in that node's pool",
+			"snapshot", id, "deletionsRecordedSince", since.UTC().Format(time.RFC3339))
+		return nil
 	}
 	if err != nil {
 		return err

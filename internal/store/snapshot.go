@@ -44,21 +44,18 @@ func (s *Store) UpdateSnapshot(id string, fn func(*Snapshot)) (*Snapshot, error)
 	return s.snapshots.update(id, func(snap *Snapshot) error { fn(snap); return nil })
 }
 
-// DeleteSnapshot forgets the snapshot, and remembers for DeletedRetention
-// that it was deleted here (DeletedSnapshot).
+// DeleteSnapshot forgets the snapshot, and remembers that it was deleted
+// here (DeletedSnapshot).
 func (s *Store) DeleteSnapshot(id string) error { return s.snapshots.delete(id) }
 
-// DeletedRetention is how long a snapshot's deletion is remembered: much
-// longer than a CSI sidecar retries a call whose answer it missed (minutes),
-// and short enough that the memory stays small (a record of some 60 bytes
-// per snapshot deleted in that time).
-const DeletedRetention = 7 * 24 * time.Hour
-
-// DeletedSnapshot tells whether the snapshot was deleted from this store
-// within DeletedRetention. A snapshot id is made by one pool and never
-// again, so a handle that names no node can be told apart here: a snapshot
-// this pool holds, one it deleted (a repeated delete is done), or one it
-// never held (it is on another node).
+// DeletedSnapshot tells whether the snapshot was deleted from this store. A
+// snapshot id is made by one pool and never again, so a handle that names
+// no node can be told apart here: a snapshot this pool holds, one it
+// deleted (a repeated delete is done, however late), or one it never held
+// since DeletionsRecordedSince. The record is for good: a handle may be
+// deleted again long after (a retained VolumeSnapshotContent deleted at
+// last, an old handle imported), and some 40 bytes per snapshot ever
+// deleted on the node is little.
 func (s *Store) DeletedSnapshot(id string) (deleted bool, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
 		deleted = tx.Bucket(bucketDeletedSnapshots).Get([]byte(id)) != nil
@@ -67,35 +64,64 @@ func (s *Store) DeletedSnapshot(id string) (deleted bool, err error) {
 	return deleted, err
 }
 
-// rememberDeleted records the deletion of snapshot id at now and forgets
-// the deletions older than DeletedRetention, oldest first: each call trims
-// what has aged since the last, so the memory never grows past the
-// retention's worth.
-func rememberDeleted(tx *bolt.Tx, id string, now time.Time) error {
-	byID, byTime := tx.Bucket(bucketDeletedSnapshots), tx.Bucket(bucketDeletedSnapshotTimes)
-	key := func(t time.Time, id string) []byte {
-		return append(binary.BigEndian.AppendUint64(nil, uint64(t.UnixNano())), id...)
+// DeletionsRecordedSince tells since when this store has recorded every
+// snapshot it deleted: always (from its making) or only since the time
+// given, when a plugin from before the record was kept (or trimmed it
+// after a week) made the store. A snapshot deleted before that may be
+// missing from DeletedSnapshot.
+func (s *Store) DeletionsRecordedSince() (since time.Time, always bool) {
+	return s.deletionsSince, s.deletionsSince.IsZero()
+}
+
+// MissedDeletionsBefore records that snapshots may have been deleted from
+// this pool before t without this store knowing (it replaces a lost one):
+// DeletionsRecordedSince is then t, unless it was later already.
+func (s *Store) MissedDeletionsBefore(t time.Time) error {
+	if !s.deletionsSince.IsZero() && !s.deletionsSince.Before(t) {
+		return nil
 	}
-	cutoff := key(now.Add(-DeletedRetention), "")
-	c := byTime.Cursor()
-	for k, _ := c.First(); k != nil && string(k) < string(cutoff); k, _ = c.First() {
-		if len(k) > 8 {
-			if err := byID.Delete(k[8:]); err != nil {
-				return err
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keyDeletionsSince, binary.BigEndian.AppendUint64(nil, uint64(t.UnixNano())))
+	})
+	if err == nil {
+		s.deletionsSince = t
+	}
+	return err
+}
+
+// rememberDeleted records the deletion of snapshot id at now.
+func rememberDeleted(tx *bolt.Tx, id string, now time.Time) error {
+	return tx.Bucket(bucketDeletedSnapshots).Put([]byte(id), binary.BigEndian.AppendUint64(nil, uint64(now.UnixNano())))
+}
+
+// deletionsSince reads, or on the first open records, since when the store
+// records its snapshot deletions (DeletionsRecordedSince): the zero time
+// for a store made here, now for one a plugin from before made. Stores
+// made before this record trimmed their deletions older than a week
+// (bucket deleted-snapshot-times indexed them by time): that index goes.
+func deletionsSince(tx *bolt.Tx, made bool, now time.Time) (time.Time, error) {
+	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+	if err != nil {
+		return time.Time{}, err
+	}
+	v := meta.Get(keyDeletionsSince)
+	if len(v) != 8 {
+		var n int64 // 0: since the store was made
+		if !made {
+			n = now.UnixNano()
+		}
+		if tx.Bucket(bucketDeletedSnapshotTimes) != nil {
+			if err := tx.DeleteBucket(bucketDeletedSnapshotTimes); err != nil {
+				return time.Time{}, err
 			}
 		}
-		if err := c.Delete(); err != nil {
-			return err
+		v = binary.BigEndian.AppendUint64(nil, uint64(n))
+		if err := meta.Put(keyDeletionsSince, v); err != nil {
+			return time.Time{}, err
 		}
 	}
-	if old := byID.Get([]byte(id)); len(old) == 8 {
-		if err := byTime.Delete(append(old[:8:8], id...)); err != nil {
-			return err
-		}
+	if n := int64(binary.BigEndian.Uint64(v)); n != 0 {
+		return time.Unix(0, n), nil
 	}
-	k := key(now, id)
-	if err := byTime.Put(k, nil); err != nil {
-		return err
-	}
-	return byID.Put([]byte(id), k[:8])
+	return time.Time{}, nil
 }

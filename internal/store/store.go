@@ -7,6 +7,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -23,10 +24,13 @@ var (
 	bucketSnapshotNames = []byte("snapshot-names")
 	bucketGroups        = []byte("groups")
 	bucketGroupNames    = []byte("group-names")
-	// Snapshots deleted lately: id -> time, and time+id -> nothing (to
-	// trim the oldest first). See DeletedSnapshot.
-	bucketDeletedSnapshots     = []byte("deleted-snapshots")
+	// Snapshots deleted here: id -> time. See DeletedSnapshot.
+	bucketDeletedSnapshots = []byte("deleted-snapshots")
+	// Older stores' index of those by time, to trim them: removed.
 	bucketDeletedSnapshotTimes = []byte("deleted-snapshot-times")
+	// Facts about the store itself.
+	bucketMeta        = []byte("meta")
+	keyDeletionsSince = []byte("deletions-recorded-since")
 )
 
 // Volume states. A volume is written as Creating before its image exists and
@@ -131,11 +135,20 @@ type Store struct {
 	volumes   table[Volume]
 	snapshots table[Snapshot]
 	groups    table[Group]
+	// deletionsSince: see DeletionsRecordedSince.
+	deletionsSince time.Time
+	// made: Open created the file.
+	made bool
 }
+
+// Made tells whether Open created the store, rather than opened one.
+func (s *Store) Made() bool { return s.made }
 
 // Open opens (creating if needed) the database at path. A second plugin on
 // the same pool fails here rather than corrupting the first one's state.
 func Open(path string) (*Store, error) {
+	_, err := os.Lstat(path)
+	made := errors.Is(err, os.ErrNotExist)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
@@ -143,22 +156,27 @@ func Open(path string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
+	var since time.Time
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketVolumes, bucketNames, bucketSnapshots, bucketSnapshotNames, bucketDeletedSnapshots, bucketDeletedSnapshotTimes, bucketGroups, bucketGroupNames} {
+		for _, b := range [][]byte{bucketVolumes, bucketNames, bucketSnapshots, bucketSnapshotNames, bucketDeletedSnapshots, bucketGroups, bucketGroupNames} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		return nil
+		var err error
+		since, err = deletionsSince(tx, made, time.Now())
+		return err
 	})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("initialise %s: %w", path, err), db.Close())
 	}
 	l := &ledger{}
 	s := &Store{
-		db:      db,
-		ledger:  l,
-		volumes: table[Volume]{db: db, ledger: l, kind: "volume", records: bucketVolumes, names: bucketNames, id: func(v *Volume) string { return v.ID }, name: func(v *Volume) string { return v.Name }, usage: volumeUsage},
+		db:             db,
+		ledger:         l,
+		deletionsSince: since,
+		made:           made,
+		volumes:        table[Volume]{db: db, ledger: l, kind: "volume", records: bucketVolumes, names: bucketNames, id: func(v *Volume) string { return v.ID }, name: func(v *Volume) string { return v.Name }, usage: volumeUsage},
 		snapshots: table[Snapshot]{db: db, ledger: l, kind: "snapshot", records: bucketSnapshots, names: bucketSnapshotNames, id: func(s *Snapshot) string { return s.ID }, name: func(s *Snapshot) string { return s.Name }, usage: snapshotUsage,
 			deleted: func(tx *bolt.Tx, id string) error { return rememberDeleted(tx, id, time.Now()) }},
 		groups: table[Group]{db: db, ledger: l, kind: "group snapshot", records: bucketGroups, names: bucketGroupNames, id: func(g *Group) string { return g.ID }, name: func(g *Group) string { return g.Name }, usage: func(*Group) Usage { return Usage{} }},

@@ -278,3 +278,231 @@ func TestClaimRights(t *testing.T) {
 
 	e.typeChecked(t, policies)
 }
+
+// directPolicy is the admission policy that holds microVM-assigned volumes
+// to ReadWriteOncePod.
+const directPolicy = "podvol-direct-assign-rwop"
+
+// refusedByDirect checks that the direct-assign policy refused the request,
+// with a message naming each of want.
+func refusedByDirect(t *testing.T, what string, err error, want ...string) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Errorf("%s: want refused by %s, it was allowed", what, directPolicy)
+	case !strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+directPolicy+"'"):
+		t.Errorf("%s: want refused by %s, got: %v", what, directPolicy, err)
+	default:
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: refusal does not say %q: %v", what, w, err)
+			}
+		}
+		t.Logf("%s: refused: %v", what, err)
+	}
+}
+
+// TestDirectClassTemplates: a claim template (a StatefulSet's
+// volumeClaimTemplates, a generic ephemeral volume of a pod or of a
+// workload's pod template) of a class that hands volumes to microVMs must
+// ask for ReadWriteOncePod, as a PVC of that class must, and is refused when
+// the template is written, not when its PVC is made later by a controller
+// (a StatefulSet whose pods then wait for ever with the reason in the
+// StatefulSet's events).
+func TestDirectClassTemplates(t *testing.T) {
+	e := start(t)
+	for name, params := range map[string]map[string]string{"podvol": nil, "vm-disks": {names.ParamDirectAssign: "always"}} {
+		if _, err := e.admin.kc.StorageV1().StorageClasses().Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Provisioner: names.Driver, Parameters: params, VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	policies := apply(t, e.ac, manifest(t, "PODVOL_ADMISSION_POLICY", "admission-policy.yaml"))
+	e.admissionParams(t)
+	e.params(t, map[string]string{admissionparams.DirectClasses: "vm-disks"})
+	kc := e.admin.kc
+	rwo := claimTemplate("disk", ptr.To("vm-disks"), nil)
+	rwop := claimTemplate("disk", ptr.To("vm-disks"), nil)
+	rwop.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod}
+
+	// The policy is loaded once a PVC of the class without RWOP is refused.
+	pvc := rwo.DeepCopy()
+	err := eventually(time.Minute, func() error {
+		_, err := kc.CoreV1().PersistentVolumeClaims("tenant").Create(bg, pvc, dryRun)
+		if err == nil {
+			return fmt.Errorf("a ReadWriteOnce PVC of vm-disks was admitted")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the policy never took effect: %v", err)
+	}
+	_, err = kc.CoreV1().PersistentVolumeClaims("tenant").Create(bg, pvc, dryRun)
+	refusedByDirect(t, "PVC", err, "StorageClass vm-disks hands volumes to microVMs", "ReadWriteOncePod")
+
+	sts := kc.AppsV1().StatefulSets("tenant")
+	_, err = sts.Create(bg, statefulSet("vm", rwo), dryRun)
+	refusedByDirect(t, "StatefulSet with a ReadWriteOnce template of vm-disks", err,
+		"volumeClaimTemplates entry disk", "asks for a StorageClass that hands volumes to microVMs (vm-disks)", "ReadWriteOncePod")
+	_, err = sts.Create(bg, statefulSet("vm", rwop), dryRun)
+	allowed(t, e.admin, "StatefulSet with a ReadWriteOncePod template of vm-disks", err)
+	_, err = sts.Create(bg, statefulSet("db", claimTemplate("data", ptr.To("podvol"), nil)), dryRun)
+	allowed(t, e.admin, "StatefulSet with a ReadWriteOnce template of podvol", err)
+
+	ephemeral := func(tmpl corev1.PersistentVolumeClaim) corev1.PodSpec {
+		return corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "c"}},
+			Volumes: []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{
+				VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: tmpl.Spec}}}}}}
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: ephemeral(rwo)}
+	_, err = kc.CoreV1().Pods("tenant").Create(bg, pod, dryRun)
+	refusedByDirect(t, "pod with a ReadWriteOnce ephemeral volume of vm-disks", err, "ephemeral volume scratch", "microVMs (vm-disks)", "ReadWriteOncePod")
+	pod.Spec = ephemeral(rwop)
+	_, err = kc.CoreV1().Pods("tenant").Create(bg, pod, dryRun)
+	allowed(t, e.admin, "pod with a ReadWriteOncePod ephemeral volume of vm-disks", err)
+
+	labels := map[string]string{"app": "d"}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "d"}, Spec: appsv1.DeploymentSpec{
+		Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: ephemeral(rwo)}}}
+	_, err = kc.AppsV1().Deployments("tenant").Create(bg, dep, dryRun)
+	refusedByDirect(t, "Deployment with a ReadWriteOnce ephemeral volume of vm-disks", err, "ephemeral volume scratch", "microVMs (vm-disks)", "ReadWriteOncePod")
+
+	e.typeChecked(t, policies)
+}
+
+// TestScaleYieldsOnlyWhatQuotaAllows: the claim-rights policy guards who
+// defines podvol claims (a template's class, size and modes), not how many
+// replicas a defined template serves. A user who may only scale a
+// StatefulSet (its scale subresource: what `kubectl scale`, an HPA or an
+// autoscaler uses) cannot change a template, so every PVC the StatefulSet
+// controller then makes is one its creator, who had the right to create
+// PVCs, defined; and ResourceQuota, which the API server applies to the
+// controller's PVCs as to anyone's, bounds how many (issue 25, review:
+// statefulsets/scale). The scale subresource's request carries a Scale,
+// not the templates, so a policy there could not tell podvol's workloads
+// from others anyway.
+func TestScaleYieldsOnlyWhatQuotaAllows(t *testing.T) {
+	e := start(t, "statefulset-controller", "resourcequota-controller")
+	kc := e.admin.kc
+	if _, err := kc.StorageV1().StorageClasses().Create(bg, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podvol"},
+		Provisioner: names.Driver, VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, e.ac, manifest(t, "PODVOL_ADMISSION_POLICY", "admission-policy.yaml"))
+	e.admissionParams(t)
+	e.params(t, map[string]string{admissionparams.Classes: "podvol"})
+
+	// erin may read StatefulSets and scale them, nothing else.
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{"apps"}, Resources: []string{"statefulsets"}, Verbs: []string{"get"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"statefulsets/scale"}, Verbs: []string{"get", "update", "patch"}},
+	}
+	if _, err := kc.RbacV1().Roles("tenant").Create(bg, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "erin"}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.RbacV1().RoleBindings("tenant").Create(bg, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "erin"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "erin"}},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "erin"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(e.api.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "erin", Groups: []string{"system:authenticated"}}
+	erin := newIdentity(t, "erin", cfg)
+
+	// The namespace's quota of podvol claims: two.
+	const quotaKey = "podvol.storageclass.storage.k8s.io/persistentvolumeclaims"
+	if _, err := kc.CoreV1().ResourceQuotas("tenant").Create(bg, &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "podvol"},
+		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{quotaKey: resource.MustParse("2")}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := eventually(time.Minute, func() error {
+		q, err := kc.CoreV1().ResourceQuotas("tenant").Get(bg, "podvol", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if _, ok := q.Status.Hard[quotaKey]; !ok {
+			return fmt.Errorf("quota not yet counted")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// An admin's StatefulSet with a podvol template; Parallel, since no
+	// pod here ever becomes ready.
+	pg := statefulSet("pg", claimTemplate("data", ptr.To("podvol"), nil))
+	pg.Spec.PodManagementPolicy = appsv1.ParallelPodManagement
+	if _, err := kc.AppsV1().StatefulSets("tenant").Create(bg, pg, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	claims := func() []string {
+		l, err := kc.CoreV1().PersistentVolumeClaims("tenant").List(bg, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, c := range l.Items {
+			out = append(out, c.Name+" ("+ptr.Deref(c.Spec.StorageClassName, "")+", "+c.Spec.Resources.Requests.Storage().String()+")")
+		}
+		return out
+	}
+	if err := eventually(time.Minute, func() error {
+		if n := len(claims()); n != 1 {
+			return fmt.Errorf("%d claims", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the StatefulSet controller never made the first replica's claim: %v", err)
+	}
+
+	// erin cannot change what the StatefulSet claims...
+	s, err := erin.kc.AppsV1().StatefulSets("tenant").Get(bg, "pg", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Spec.Replicas = ptr.To[int32](5)
+	_, err = erin.kc.AppsV1().StatefulSets("tenant").Update(bg, s, metav1.UpdateOptions{})
+	if !apierrors.IsForbidden(err) || refusedByPolicy(err) {
+		t.Fatalf("erin: update of the StatefulSet: want forbidden by RBAC, got %v", err)
+	}
+	// ...only how many replicas it has.
+	if err := eventually(30*time.Second, func() error {
+		sc, err := erin.kc.AppsV1().StatefulSets("tenant").GetScale(bg, "pg", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		sc.Spec.Replicas = 5
+		_, err = erin.kc.AppsV1().StatefulSets("tenant").UpdateScale(bg, "pg", sc, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			return err
+		}
+		if err != nil {
+			t.Fatalf("erin: scale to 5: %v", err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("erin: scale to 5: %v", err)
+	}
+	// The controller makes the claims the quota allows, of the admin's
+	// template, and no more.
+	if err := eventually(time.Minute, func() error {
+		if n := len(claims()); n != 2 {
+			return fmt.Errorf("%d claims", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("after the scale to 5: %v: %v", err, claims())
+	}
+	time.Sleep(5 * time.Second)
+	got := claims()
+	if len(got) != 2 {
+		t.Fatalf("scaled to 5 under a quota of 2 podvol claims: %v", got)
+	}
+	for _, c := range got {
+		if !strings.HasSuffix(c, "(podvol, 1Gi)") {
+			t.Errorf("claim %s is not of the admin's template (podvol, 1Gi)", c)
+		}
+	}
+	t.Logf("erin scaled pg to 5; its podvol claims, held to the quota of 2: %v", got)
+}

@@ -34,6 +34,7 @@ func Conformance(t *testing.T, m device.Interface, refusingDir func(t *testing.T
 		{"FreedNumberIsReused", checkFreedNumberIsReused},
 		{"AttachRefusesSymlink", checkAttachRefusesSymlink},
 		{"DeletedImageIsListedSo", checkDeletedImageIsListedSo},
+		{"TagOutlivesTheImage", checkTagOutlivesTheImage},
 		{"FormatProbeMountStatfs", checkFormatProbeMountStatfs},
 		{"BindMountsAndStacking", checkBindMountsAndStacking},
 		{"BlockBind", checkBlockBind},

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/podvol/podvol/internal/device"
@@ -130,6 +131,34 @@ func checkDeletedImageIsListedSo(t *testing.T, c *conf) {
 		t.Fatalf("LoopsFor a deleted image: %v", devs)
 	}
 	must(t, m.DetachLoop(dev, img+" (deleted)"))
+}
+
+// A device's tag is what it was attached with, as long as it is attached,
+// whatever happens to its backing file; a device attached without one (as
+// by losetup) is named by its image's path.
+func checkTagOutlivesTheImage(t *testing.T, c *conf) {
+	m := c.m
+	img, plain := c.image(1<<20), c.image(1<<20)
+	tag := strings.Repeat("t", device.LoopTagMax-len("podvol ")) + "podvol "
+	dev := c.attachWith(img, device.LoopOptions{Tag: tag})
+	other := c.attach(plain)
+	if got := m.LoopTag(dev); got != tag {
+		t.Fatalf("tag of %s: %q, want %q", dev, got, tag)
+	}
+	if got := m.LoopTag(other); got != plain[:min(len(plain), device.LoopTagMax)] {
+		t.Fatalf("tag of %s, attached without one: %q, want its image's path %q (cut to %d bytes)", other, got, plain, device.LoopTagMax)
+	}
+	must(t, os.Remove(img))
+	if got := m.LoopTag(dev); got != tag {
+		t.Fatalf("tag of %s once its image was deleted: %q, want %q", dev, got, tag)
+	}
+	if _, err := m.AttachLoop(plain, device.LoopOptions{Tag: tag + "x"}); err == nil {
+		t.Fatalf("attached with a tag of %d bytes, over the %d the kernel keeps", len(tag)+1, device.LoopTagMax)
+	}
+	must(t, m.DetachLoop(dev, img+" (deleted)"))
+	if got := m.LoopTag(dev); got != "" {
+		t.Fatalf("a detached device keeps the tag %q", got)
+	}
 }
 
 func checkDetachWhileMounted(t *testing.T, c *conf) {

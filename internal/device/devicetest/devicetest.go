@@ -96,6 +96,7 @@ type loop struct {
 	n       int
 	backing string
 	file    *os.File
+	tag     string
 	size    int64
 	io      device.LoopIO
 	// autoclear: detach when the filesystem on it goes (LOOP_CLR_FD on a

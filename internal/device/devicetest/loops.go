@@ -1,6 +1,7 @@
 package devicetest
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -39,13 +40,17 @@ func (f *Fake) AttachLoop(image string, opts device.LoopOptions) (string, error)
 		file.Close()
 		return "", fmt.Errorf("attach %s: logical block size %d: want 512, 1024, 2048 or 4096", image, bs)
 	}
+	if len(opts.Tag) > device.LoopTagMax {
+		file.Close()
+		return "", fmt.Errorf("attach %s: tag %q is longer than %d bytes", image, opts.Tag, device.LoopTagMax)
+	}
 	abs, _ := filepath.Abs(image)
 	dio := opts.DirectIO && !f.noDirect[filepath.Dir(abs)]
 	n := 0
 	for f.loops[n] != nil {
 		n++
 	}
-	f.loops[n] = &loop{n: n, backing: abs, file: file, size: fi.Size() &^ 511, io: device.LoopIO{DirectIO: dio, BlockSize: bs}}
+	f.loops[n] = &loop{n: n, backing: abs, file: file, tag: cmp.Or(opts.Tag, abs[:min(len(abs), device.LoopTagMax)]), size: fi.Size() &^ 511, io: device.LoopIO{DirectIO: dio, BlockSize: bs}}
 	f.created[n] = true
 	return devName(n), nil
 }
@@ -125,6 +130,15 @@ func (f *Fake) LoopServes(dev, image string) bool {
 		return false
 	}
 	return f.LoopBackingFile(dev) == filepath.Clean(image)
+}
+
+func (f *Fake) LoopTag(dev string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l := f.attached(dev); l != nil {
+		return l.tag
+	}
+	return ""
 }
 
 func (f *Fake) LoopSetCapacity(dev string) error {
