@@ -86,7 +86,7 @@ spec:
 	ctrlNode := get(t, "podvol-system", "pod/"+ctrl, "{.spec.nodeName}")
 	base := "https://" + ip + ":9809" + names.MetricsPath
 	targets = append(targets,
-		scrapeTarget{base, `workqueue_depth{controller="ephemeral-volume"}`, ctrlNode},
+		scrapeTarget{base, `workqueue_depth{controller="ephemeral-volume"`, ctrlNode},
 		scrapeTarget{base + "/snapshot-controller", "snapshot_controller_operations_in_flight", ctrlNode})
 
 	for _, tg := range targets {
