@@ -196,6 +196,11 @@ func run(c config) error {
 				DirectIORefused: refused,
 			}, nil
 		})
+		m.AddHealth(volumeConditions(p, n))
+		m.AddFilesystem(func() (metrics.FilesystemStats, error) {
+			used, avail, err := p.Written()
+			return metrics.FilesystemStats{UsedBytes: used, AvailableBytes: avail}, err
+		})
 		observe = m.ObserveRPC
 		go func() {
 			if err := m.Serve(ctx, c.metricsAddr, p.Check); err != nil {
