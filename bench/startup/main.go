@@ -36,7 +36,7 @@ const (
 	namespace  = "podvol-bench-startup"
 	volumeName = "data"
 	volumeSize = "64Mi"
-	metricsURL = "http://127.0.0.1:9808/metrics"
+	metricsURL = devcluster.PluginMetrics
 )
 
 type config struct {
@@ -238,7 +238,7 @@ func (b *bench) deleteNamespace() {
 func (b *bench) volumes(ctx context.Context) (map[string]int, error) {
 	v := map[string]int{}
 	for _, n := range b.cl.Nodes {
-		text, err := n.Fetch(ctx, metricsURL)
+		text, err := n.FetchMetrics(ctx, metricsURL)
 		if err != nil {
 			return nil, fmt.Errorf("metrics of %s: %w", n.Name, err)
 		}
@@ -251,7 +251,7 @@ func (b *bench) volumes(ctx context.Context) (map[string]int, error) {
 func (b *bench) ops(ctx context.Context) (OpTotals, error) {
 	t := OpTotals{}
 	for _, n := range b.cl.Nodes {
-		text, err := n.Fetch(ctx, metricsURL)
+		text, err := n.FetchMetrics(ctx, metricsURL)
 		if err != nil {
 			return nil, fmt.Errorf("metrics of %s: %w", n.Name, err)
 		}

@@ -6,18 +6,22 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/podvol/podvol/internal/controller/admissionparams"
@@ -26,6 +30,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
 	"github.com/podvol/podvol/internal/controller/sourceplacement"
+	"github.com/podvol/podvol/internal/metricsauth"
 	"github.com/podvol/podvol/internal/names"
 )
 
@@ -38,7 +43,10 @@ const admissionParams = "podvol-admission"
 
 func main() {
 	var (
-		metricsAddr = flag.String("metrics-address", "127.0.0.1:9809", "address of /metrics")
+		metricsAddr = flag.String("metrics-address", "127.0.0.1:9809", "address of /metrics, over HTTPS, each request's bearer token reviewed (TokenReview, SubjectAccessReview on the path); 0: off")
+		metricsCert = flag.String("metrics-cert-file", "", "serving certificate (PEM) for the metrics, read again when it changes; empty, with --metrics-key-file empty: self-signed at start")
+		metricsKey  = flag.String("metrics-key-file", "", "key (PEM) of --metrics-cert-file")
+		sidecars    = flag.String("metrics-sidecars", "", "sidecars' metrics endpoints (their --http-endpoint) re-served at /metrics/<name> behind the same authentication: comma-separated name=host:port, each on a loopback address")
 		healthAddr  = flag.String("health-address", "127.0.0.1:9810", "address of /healthz and /readyz")
 		leaderElect = flag.Bool("leader-elect", true, "run one active instance (a Lease in --leader-election-namespace)")
 		leaseNS     = flag.String("leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader election Lease")
@@ -69,7 +77,7 @@ func main() {
 	case *removeFinalizers:
 		err = removeNodeFinalizers()
 	default:
-		err = run(runConfig{metricsAddr: *metricsAddr, healthAddr: *healthAddr, leaderElect: *leaderElect, leaseNS: *leaseNS,
+		err = run(runConfig{metricsAddr: *metricsAddr, metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars, healthAddr: *healthAddr, leaderElect: *leaderElect, leaseNS: *leaseNS,
 			controllers: *controllers, driver: *driver, grace: *grace, ephemeralWorkers: *ephemeralWorkers, qps: float32(*apiQPS), burst: *apiBurst})
 	}
 	if err != nil {
@@ -102,6 +110,8 @@ func removeNodeFinalizers() error {
 // runConfig is podvol-controller's flags.
 type runConfig struct {
 	metricsAddr, healthAddr      string
+	metricsCert, metricsKey      string
+	sidecars                     string
 	leaderElect                  bool
 	leaseNS, controllers, driver string
 	grace                        time.Duration
@@ -111,6 +121,10 @@ type runConfig struct {
 }
 
 func run(c runConfig) error {
+	sidecars, err := metricsauth.ParseSidecars(c.sidecars)
+	if err != nil {
+		return fmt.Errorf("--metrics-sidecars: %w", err)
+	}
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("kubernetes API access (in-cluster config or --kubeconfig): %w", err)
@@ -119,7 +133,8 @@ func run(c runConfig) error {
 	// claim, its events and status writes each).
 	cfg.QPS, cfg.Burst = c.qps, c.burst
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
+		// Served by internal/metricsauth below, as the plugin's are.
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:  c.healthAddr,
 		LeaderElection:          c.leaderElect,
 		LeaderElectionID:        "podvol-controller",
@@ -158,6 +173,17 @@ func run(c runConfig) error {
 			return fmt.Errorf("set up %s: %w", name, err)
 		}
 	}
+	if c.metricsAddr != "0" {
+		kc, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+		mc := metricsauth.Config{Address: c.metricsAddr, CertFile: c.metricsCert, KeyFile: c.metricsKey, Filter: metricsauth.NewFilter(kc),
+			Metrics: promhttp.HandlerFor(ctrlmetrics.Registry, promhttp.HandlerOpts{}), Sidecars: sidecars}
+		if err := mgr.Add(metricsRunnable{mc}); err != nil {
+			return err
+		}
+	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -171,3 +197,10 @@ func run(c runConfig) error {
 	}
 	return mgr.Start(ctrl.SetupSignalHandler())
 }
+
+// metricsRunnable serves the metrics on every replica, the standbys too:
+// each is a target of its own.
+type metricsRunnable struct{ c metricsauth.Config }
+
+func (m metricsRunnable) Start(ctx context.Context) error { return metricsauth.Serve(ctx, m.c) }
+func (metricsRunnable) NeedLeaderElection() bool          { return false }

@@ -25,6 +25,7 @@ import (
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/metrics"
+	"github.com/podvol/podvol/internal/metricsauth"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
@@ -40,7 +41,10 @@ func main() {
 		nodeID      = flag.String("node-id", "", "name of this node (required); volumes carry it as topology "+names.TopologyKey)
 		poolDir     = flag.String("pool-dir", "/var/lib/podvol", "directory holding volume images and the metadata store")
 		capacity    = flag.String("capacity", "", "pool capacity, e.g. 20Gi; default: the size of the filesystem holding --pool-dir")
-		metricsAddr = flag.String("metrics-address", "", "address for /metrics and /healthz, e.g. 127.0.0.1:9808; empty: off")
+		metricsAddr = flag.String("metrics-address", "", "address for /metrics and /healthz, e.g. :9808; empty: off. With API access (in-cluster or --kubeconfig) HTTPS, each request's bearer token reviewed (TokenReview, SubjectAccessReview on the path); without, plain HTTP on a loopback address only")
+		metricsCert = flag.String("metrics-cert-file", "", "serving certificate (PEM) for the metrics, read again when it changes; empty, with --metrics-key-file empty: self-signed at start")
+		metricsKey  = flag.String("metrics-key-file", "", "key (PEM) of --metrics-cert-file")
+		sidecars    = flag.String("metrics-sidecars", "", "sidecars' metrics endpoints (their --http-endpoint) re-served at /metrics/<name> behind the same authentication: comma-separated name=host:port, each on a loopback address")
 		maxVolumes  = flag.Int64("max-volumes", 0, "volumes this node can hold, reported to the scheduler; 0: no limit")
 		kubeletDir  = flag.String("kubelet-dir", "/var/lib/kubelet", "kubelet's root directory: an inline volume whose pod directory is gone from it is collected")
 		inlineSize  = flag.String("inline-default-size", "1Gi", "size of an inline ephemeral volume whose volumeAttributes name none")
@@ -63,6 +67,7 @@ func main() {
 		return
 	}
 	cfg := config{endpoint: *endpoint, nodeID: *nodeID, poolDir: *poolDir, capacity: *capacity, metricsAddr: *metricsAddr,
+		metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
 		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery}
 	if err := run(cfg); err != nil {
@@ -74,6 +79,7 @@ func main() {
 
 type config struct {
 	endpoint, nodeID, poolDir, capacity, metricsAddr string
+	metricsCert, metricsKey, sidecars                string
 	maxVolumes                                       int64
 	kubeletDir, inlineSize                           string
 	gcInterval                                       time.Duration
@@ -121,6 +127,10 @@ func run(c config) error {
 	if c.trimInterval < 0 {
 		return fmt.Errorf("--trim-interval must not be negative")
 	}
+	sidecars, err := metricsauth.ParseSidecars(c.sidecars)
+	if err != nil {
+		return fmt.Errorf("--metrics-sidecars: %w", err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
@@ -140,9 +150,15 @@ func run(c config) error {
 	n.SetDirectIO(c.directIO)
 	n.SetDiscard(c.discard)
 	klog.InfoS("Data path", "directIO", c.directIO, "poolBlockSize", device.PoolBlockSize(p.Dir()), "discard", c.discard, "trimInterval", c.trimInterval)
-	decider, err := decider(c.kubeconfig)
+	kc, err := kubeClient(c.kubeconfig)
 	if err != nil {
 		return err
+	}
+	var decider *directvolume.Decider
+	if kc != nil {
+		decider = &directvolume.Decider{Client: kc, TTL: 30 * time.Second}
+	} else {
+		klog.InfoS("No Kubernetes API access: volumes of StorageClasses with directAssign=auto cannot be published")
 	}
 	// Node first: its rollbacks release loop devices the pool's recovery
 	// then needs to be free.
@@ -184,7 +200,7 @@ func run(c config) error {
 	}
 	var observe driver.Observer
 	if c.metricsAddr != "" {
-		m := metrics.New(func() (metrics.PoolStats, error) {
+		m := metrics.New(c.nodeID, func() (metrics.PoolStats, error) {
 			// The store's running totals: a scrape costs the same
 			// whatever the number of volumes.
 			u := p.Store().Usage()
@@ -202,8 +218,13 @@ func run(c config) error {
 			return metrics.FilesystemStats{UsedBytes: used, AvailableBytes: avail}, err
 		})
 		observe = m.ObserveRPC
+		mc := metricsauth.Config{Address: c.metricsAddr, CertFile: c.metricsCert, KeyFile: c.metricsKey,
+			Metrics: m.Handler(), Sidecars: sidecars, Healthz: metrics.Healthz(p.Check)}
+		if kc != nil {
+			mc.Filter = metricsauth.NewFilter(kc)
+		}
 		go func() {
-			if err := m.Serve(ctx, c.metricsAddr, p.Check); err != nil {
+			if err := metricsauth.Serve(ctx, mc); err != nil {
 				klog.ErrorS(err, "Metrics server failed")
 				stop()
 			}
@@ -224,9 +245,11 @@ func run(c config) error {
 	return driver.Serve(ctx, c.endpoint, d, observe)
 }
 
-// decider builds the directAssign=auto decider from --kubeconfig or the
-// in-cluster config; without either, auto is refused at publish time.
-func decider(kubeconfig string) (*directvolume.Decider, error) {
+// kubeClient is a client from --kubeconfig or the in-cluster config; nil
+// without either (the plugin run by hand or by tests): directAssign=auto is
+// then refused at publish time, and metrics are served only on loopback,
+// unauthenticated.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	switch {
@@ -235,15 +258,10 @@ func decider(kubeconfig string) (*directvolume.Decider, error) {
 	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
 		cfg, err = rest.InClusterConfig()
 	default:
-		klog.InfoS("No Kubernetes API access: volumes of StorageClasses with directAssign=auto cannot be published")
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes API access: %w", err)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &directvolume.Decider{Client: cs, TTL: 30 * time.Second}, nil
+	return kubernetes.NewForConfig(cfg)
 }

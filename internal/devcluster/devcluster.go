@@ -57,6 +57,7 @@ type Cluster struct {
 	// children are the components this process started: only those are
 	// reaped here, by their own handle.
 	children map[int]*os.Process
+	metrics  metricsToken
 }
 
 const (

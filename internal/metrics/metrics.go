@@ -1,18 +1,15 @@
-// Package metrics serves the plugin's Prometheus metrics and its /healthz.
+// Package metrics holds the plugin's Prometheus collectors and its /healthz
+// (internal/metricsauth serves them).
 package metrics
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"k8s.io/klog/v2"
 )
 
 // PoolStats is what the pool gauges report.
@@ -31,8 +28,11 @@ type Metrics struct {
 	rpc *prometheus.HistogramVec
 }
 
-// New registers the collectors. poolStats is read at each scrape.
-func New(poolStats func() (PoolStats, error)) *Metrics {
+// New registers the collectors. poolStats is read at each scrape. Every
+// podvol_* series carries the label node: a scrape config need not add it,
+// and a dashboard can sum pools and calls by node whatever the targets'
+// labels.
+func New(node string, poolStats func() (PoolStats, error)) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		rpc: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -41,8 +41,8 @@ func New(poolStats func() (PoolStats, error)) *Metrics {
 			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}, []string{"method", "code"}),
 	}
-	m.reg.MustRegister(m.rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.reg.MustRegister(&poolCollector{stats: poolStats})
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	prometheus.WrapRegistererWith(prometheus.Labels{"node": node}, m.reg).MustRegister(m.rpc, &poolCollector{stats: poolStats})
 	return m
 }
 
@@ -85,41 +85,18 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(s.DirectIORefused))
 }
 
-// Serve serves /metrics and /healthz on addr until ctx ends. healthy is the
-// same check as the CSI Probe.
-func (m *Metrics) Serve(ctx context.Context, addr string, healthy func() error) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("metrics address %q: %w", addr, err)
-	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		klog.InfoS("Metrics address is not a loopback address; make sure the network around it is trusted", "address", addr)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+// Handler serves the collectors in the Prometheus format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// Healthz is /healthz: healthy is the same check as the CSI Probe.
+func Healthz(healthy func() error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := healthy(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	klog.InfoS("Serving metrics", "address", lis.Addr().String())
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(shutdown); err != nil {
-			klog.ErrorS(err, "Shutting down the metrics server")
-		}
-	}()
-	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
 }

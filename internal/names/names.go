@@ -72,3 +72,11 @@ const (
 // DirectAssignAnnotation on a RuntimeClass marks pods that run in microVMs
 // taking direct-assigned volumes (directAssign: auto).
 const DirectAssignAnnotation = "podvol.io/direct-assign"
+
+// MetricsReaderRole is the ClusterRole (deploy/base/rbac-metrics.yaml) whose
+// holders may get podvol's metrics: the non-resource URLs MetricsPath and
+// MetricsPath/<sidecar> on the plugin's and the controller's HTTPS servers.
+const (
+	MetricsReaderRole = "podvol-metrics-reader"
+	MetricsPath       = "/metrics"
+)

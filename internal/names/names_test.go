@@ -67,3 +67,33 @@ func TestManifestsUseTheseNames(t *testing.T) {
 		}
 	}
 }
+
+// The ClusterRole the docs tell admins to bind grants exactly the paths the
+// plugin and the controller serve metrics at.
+func TestManifestsGrantMetricsReader(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/base/rbac-metrics.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(b), "\n---") {
+		var o struct {
+			Kind     string
+			Metadata struct{ Name string }
+			Rules    []struct {
+				NonResourceURLs []string `json:"nonResourceURLs"`
+				Verbs           []string
+			}
+		}
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatal(err)
+		}
+		if o.Kind != "ClusterRole" || o.Metadata.Name != MetricsReaderRole {
+			continue
+		}
+		if len(o.Rules) != 1 || !slices.Equal(o.Rules[0].NonResourceURLs, []string{MetricsPath, MetricsPath + "/*"}) || !slices.Equal(o.Rules[0].Verbs, []string{"get"}) {
+			t.Fatalf("ClusterRole %s grants %+v, want get on %s and %s/*", MetricsReaderRole, o.Rules, MetricsPath, MetricsPath)
+		}
+		return
+	}
+	t.Fatalf("no ClusterRole %s in deploy/base/rbac-metrics.yaml", MetricsReaderRole)
+}

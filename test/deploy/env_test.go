@@ -176,6 +176,7 @@ func start(t *testing.T, controllers ...string) *env {
 	}
 	apply(t, ac, manifest(t, "PODVOL_NODE_RBAC", "rbac-node.yaml"))
 	apply(t, ac, manifest(t, "PODVOL_CONTROLLER_RBAC", "rbac-controller.yaml"))
+	apply(t, ac, manifest(t, "PODVOL_METRICS_RBAC", "rbac-metrics.yaml"))
 	e.policies = apply(t, ac, manifest(t, "PODVOL_NODE_POLICY", "node-policy.yaml"))
 
 	token := func(ref *authenticationv1.BoundObjectReference) string {

@@ -70,7 +70,15 @@ func needed() []access {
 	for _, v := range []string{"get", "update"} {
 		add(access{verb: v, group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "external-resizer-podvol-io", who: res})
 	}
+	add(metricsReviews(plugin)...)
 	return a
+}
+
+// metricsReviews are the reviews of each metrics request's token and access
+// (internal/metricsauth; rbac-metrics.yaml).
+func metricsReviews(who string) []access {
+	return append(verbs(who+" metrics", "authentication.k8s.io", "tokenreviews", "", "", "create"),
+		verbs(who+" metrics", "authorization.k8s.io", "subjectaccessreviews", "", "", "create")...)
 }
 
 // notNeeded were granted before (or are near what is) and nothing in the
@@ -133,6 +141,7 @@ func controllerNeeded() []access {
 	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshots", "", "tenant", "get")...)
 	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshotcontents", "", "", "get", "list", "watch")...)
 	add(verbs(sp, "events.k8s.io", "events", "", "tenant", "create", "patch")...)
+	add(metricsReviews("podvol-controller")...)
 	return a
 }
 

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // testEphemeralCloneResetsOnDetach: a PVC that is a clone of a golden volume
@@ -58,10 +60,10 @@ func testPodvolEphemeralController(t *testing.T) {
 	n := ns(t)
 	pod(t, n, "p", "true", ephemeralVolume)
 	waitPod(t, n, "p")
-	// Through the API server's proxy to the pod's address, as Prometheus
-	// would scrape it.
+	// At the pod's address, with a token, as Prometheus scrapes it.
 	name := get(t, "podvol-system", "pods", "{.items[?(@.metadata.labels.app\\.kubernetes\\.io/component==\"controller\")].metadata.name}")
-	out, err := cluster.RunKubectl(ctx(t), "get", "--raw", "/api/v1/namespaces/podvol-system/pods/"+name+":9809/proxy/metrics")
+	ip := get(t, "podvol-system", "pod/"+name, "{.status.podIP}")
+	out, err := cluster.Nodes[0].FetchMetrics(ctx(t), "https://"+ip+":9809"+names.MetricsPath)
 	must(t, "scrape podvol-controller", err)
 	b := []byte(out)
 	if !strings.Contains(string(b), "podvol_ephemeral_volume_controller_create_total") || strings.Contains(string(b), "podvol_ephemeral_volume_controller_create_total 0\n") {

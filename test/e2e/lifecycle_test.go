@@ -224,7 +224,7 @@ func testMetricsMatchVolumes(t *testing.T) {
 		// loopback.
 		var pages []string
 		for _, node := range cluster.Nodes {
-			page, err := node.Fetch(ctx(t), "http://127.0.0.1:9808/metrics")
+			page, err := node.FetchMetrics(ctx(t), devcluster.PluginMetrics)
 			if err != nil {
 				return fmt.Sprintf("node %s's plugin metrics: %v", node.Name, err)
 			}
@@ -244,13 +244,13 @@ func testMetricsMatchVolumes(t *testing.T) {
 			}
 			return sum
 		}
-		if got := metric(`podvol_volumes\{kind="persistent"\} (\S+)`); got != len(pvs) {
+		if got := metric(`podvol_volumes\{kind="persistent",node="[^"]+"\} (\S+)`); got != len(pvs) {
 			return fmt.Sprintf("podvol_volumes{kind=persistent} = %d, podvol PVs: %d (%v)", got, len(pvs), pvs)
 		}
-		if got := metric(`podvol_volumes\{kind="inline"\} (\S+)`); got < 1 {
+		if got := metric(`podvol_volumes\{kind="inline",node="[^"]+"\} (\S+)`); got < 1 {
 			return fmt.Sprintf("podvol_volumes{kind=inline} = %d with an inline pod running", got)
 		}
-		if got := metric(`podvol_csi_operation_duration_seconds_count\{code="OK",method="NodePublishVolume"\} (\S+)`); got < 2 {
+		if got := metric(`podvol_csi_operation_duration_seconds_count\{code="OK",method="NodePublishVolume",node="[^"]+"\} (\S+)`); got < 2 {
 			return fmt.Sprintf("NodePublishVolume count %d", got)
 		}
 		return ""

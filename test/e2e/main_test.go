@@ -87,6 +87,7 @@ func TestCluster(t *testing.T) {
 			{"PodvolEphemeralController", testPodvolEphemeralController},
 			{"EphemeralCloneResetsOnDetach", testEphemeralCloneResetsOnDetach},
 			{"AdmissionPolicy", testAdmissionPolicy},
+			{"MetricsNeedAuthorizedToken", testMetricsNeedAuthorizedToken},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()

@@ -237,11 +237,11 @@ func nodeLossGrace(t *testing.T) time.Duration {
 func callsPerNode(t *testing.T, methods []string) map[string]map[string]int {
 	calls := map[string]map[string]int{}
 	for _, node := range cluster.Nodes {
-		page, err := node.Fetch(ctx(t), "http://127.0.0.1:9808/metrics")
+		page, err := node.FetchMetrics(ctx(t), devcluster.PluginMetrics)
 		must(t, "node "+node.Name+"'s plugin metrics", err)
 		calls[node.Name] = map[string]int{}
 		for _, m := range methods {
-			re := regexp.MustCompile(`podvol_csi_operation_duration_seconds_count\{code="OK",method="` + m + `"\} (\S+)`)
+			re := regexp.MustCompile(`podvol_csi_operation_duration_seconds_count\{code="OK",method="` + m + `",node="` + node.Name + `"\} (\S+)`)
 			if sm := re.FindStringSubmatch(page); sm != nil {
 				v, _ := strconv.ParseFloat(sm[1], 64)
 				calls[node.Name][m] = int(v)

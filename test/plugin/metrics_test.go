@@ -45,15 +45,16 @@ func TestMetricsAndHealthz(t *testing.T) {
 	}
 	m := get("/metrics")
 	for _, want := range []string{
-		"podvol_pool_capacity_bytes 1.073741824e+10",
-		"podvol_pool_allocated_bytes 4.194304e+08", // two volumes and a snapshot of the first
-		"podvol_pool_free_bytes 1.031798784e+10",
-		`podvol_volumes{kind="persistent"} 2`,
-		`podvol_volumes{kind="inline"} 0`,
-		"podvol_snapshots 1",
-		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateSnapshot"} 1`,
-		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateVolume"} 2`,
-		`podvol_csi_operation_duration_seconds_count{code="OK",method="DeleteVolume"} 1`,
+		// Every podvol series names its node.
+		`podvol_pool_capacity_bytes{node="node-1"} 1.073741824e+10`,
+		`podvol_pool_allocated_bytes{node="node-1"} 4.194304e+08`, // two volumes and a snapshot of the first
+		`podvol_pool_free_bytes{node="node-1"} 1.031798784e+10`,
+		`podvol_volumes{kind="persistent",node="node-1"} 2`,
+		`podvol_volumes{kind="inline",node="node-1"} 0`,
+		`podvol_snapshots{node="node-1"} 1`,
+		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateSnapshot",node="node-1"} 1`,
+		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateVolume",node="node-1"} 2`,
+		`podvol_csi_operation_duration_seconds_count{code="OK",method="DeleteVolume",node="node-1"} 1`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)
