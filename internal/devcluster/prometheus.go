@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/podvol/podvol/internal/monitoring"
@@ -13,8 +14,8 @@ import (
 // The dev cluster's Prometheus, started on request (podvol-dev up
 // --prometheus, the e2e test): the prometheus tools/prometheus builds, run on
 // the host as an admin would run one outside the cluster, with podvol's
-// documented scrape configs (internal/monitoring.ScrapeFile), a token of a
-// ServiceAccount bound to the metrics-reader ClusterRole, and the alert
+// documented scrape configs (internal/monitoring.ScrapeFile), a token of
+// MetricsReader (bound to the metrics-reader ClusterRole), and the alert
 // rules loaded. It listens on the host's loopback only.
 const (
 	prometheusName = "prometheus"
@@ -23,11 +24,6 @@ const (
 	// PrometheusInterval is how often it scrapes and evaluates the rules:
 	// seconds, so that a test sees a change within a few.
 	PrometheusInterval = 5 * time.Second
-	// prometheusSA is the ServiceAccount whose token it scrapes with.
-	prometheusSA = "podvol-dev-prometheus"
-	// metricsReaderRole is the ClusterRole that lets a caller read podvol's
-	// metrics (deploy/base).
-	metricsReaderRole = "podvol-metrics-reader"
 )
 
 // StartPrometheus starts the cluster's Prometheus, or restarts it with the
@@ -42,25 +38,18 @@ func (c *Cluster) StartPrometheus(ctx context.Context) (string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
-	if err := c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
-kind: ServiceAccount
-metadata: {name: %[1]s, namespace: podvol-system}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: %[1]s}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: %[2]s}
-subjects: [{kind: ServiceAccount, name: %[1]s, namespace: podvol-system}]
-`, prometheusSA, metricsReaderRole)); err != nil {
-		return "", fmt.Errorf("the ServiceAccount Prometheus scrapes with: %w", err)
+	// The account and its binding; the scrapes need a token of their own
+	// that outlives the cluster (hours at most), as Prometheus reads it
+	// again at each scrape but nothing would renew it.
+	if _, err := c.MetricsToken(ctx); err != nil {
+		return "", err
 	}
-	// The cluster lives for hours at most: a day's token outlives it.
-	token, err := c.kubectl(ctx, "-n", "podvol-system", "create", "token", prometheusSA, "--duration=24h")
+	token, err := c.kubectl(ctx, "-n", "podvol-system", "create", "token", MetricsReader, "--duration=24h")
 	if err != nil {
 		return "", fmt.Errorf("a token for Prometheus: %w", err)
 	}
 	tokenFile := c.path(prometheusName, "token")
-	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte(strings.TrimSpace(token)), 0o600); err != nil {
 		return "", err
 	}
 	cfg, err := monitoring.Config(c.Repo, tokenFile, c.Kubeconfig(), PrometheusInterval)

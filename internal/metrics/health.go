@@ -29,7 +29,7 @@ const healthTimeout = 5 * time.Second
 // system calls each, so a scrape every 30 s costs little next to the CSI
 // calls themselves.
 func (m *Metrics) AddHealth(conditions func(context.Context) ([]VolumeCondition, error)) {
-	m.reg.MustRegister(&healthCollector{conditions: conditions})
+	m.podvol.MustRegister(&healthCollector{conditions: conditions})
 }
 
 // Gatherer is the registry: the tests read the metric names podvol exports

@@ -21,7 +21,7 @@ var (
 // AddFilesystem registers the pool filesystem's gauges; stats is read at
 // each scrape (a stat of every image: cheap beside the scrape interval).
 func (m *Metrics) AddFilesystem(stats func() (FilesystemStats, error)) {
-	m.reg.MustRegister(&fsCollector{stats: stats})
+	m.podvol.MustRegister(&fsCollector{stats: stats})
 }
 
 type fsCollector struct {

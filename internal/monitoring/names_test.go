@@ -32,7 +32,7 @@ var notPodvols = []string{
 // by their descriptions.
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
-	m := metrics.New(func() (metrics.PoolStats, error) {
+	m := metrics.New("node-1", func() (metrics.PoolStats, error) {
 		return metrics.PoolStats{CapacityBytes: 10 << 30, AllocatedBytes: 1 << 30, Volumes: 1, InlineVolumes: 1, Snapshots: 1}, nil
 	})
 	m.AddHealth(func(context.Context) ([]metrics.VolumeCondition, error) {

@@ -21,7 +21,7 @@ import (
 // and the sidecars its server re-serves), and the controller's.
 var (
 	perNodeJobs    = []string{"podvol-plugin", "podvol-csi-provisioner", "podvol-csi-resizer", "podvol-csi-snapshotter"}
-	controllerJobs = []string{"podvol-controller"}
+	controllerJobs = []string{"podvol-controller", "podvol-snapshot-controller"}
 	sidecarJobs    = perNodeJobs[1:]
 )
 
