@@ -103,7 +103,7 @@ func waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
 		last = err
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
 		case <-time.After(time.Second):
 		}
 	}

@@ -216,8 +216,11 @@ func MetricNames(ctx context.Context, promqlnames string, exprs []Expr) (map[str
 		Metrics []string `json:"metrics"`
 		Error   string   `json:"error"`
 	}
-	if err := json.Unmarshal(out, &res); err != nil || len(res) != len(exprs) {
-		return nil, fmt.Errorf("promqlnames answered %d results for %d expressions (%v): %s", len(res), len(exprs), err, out)
+	if err := json.Unmarshal(out, &res); err != nil {
+		return nil, fmt.Errorf("promqlnames' answer: %w: %s", err, out)
+	}
+	if len(res) != len(exprs) {
+		return nil, fmt.Errorf("promqlnames answered %d results for %d expressions: %s", len(res), len(exprs), out)
 	}
 	names := map[string][]string{}
 	var bad []string
