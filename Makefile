@@ -27,7 +27,7 @@ build: ## bin/podvol-plugin, bin/podvol-controller, bin/podvol-dev (version stam
 # Debian packages the tests and the dev cluster need (root). Only what is
 # missing is installed, so that make test can depend on it and still start
 # at once on a machine that has them.
-DEB_PACKAGES := gcc libc6-dev e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git qemu-system-x86
+DEB_PACKAGES := gcc libc6-dev e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git qemu-system-x86 curl
 deps: ## install the Debian packages the tests and the dev cluster need (root)
 	@missing=; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then echo "== Debian packages: all installed"; else \

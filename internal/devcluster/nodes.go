@@ -294,6 +294,16 @@ func (n *Node) namespaces(ctx context.Context) error {
 		{"ip", "route", "add", "default", "via", hostGateway},
 		{"sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"},
 	}
+	// Each other node's pods straight through that node, across the
+	// bridge, as a real network routes them: the host does not forward
+	// (its ip_forward is left as it is), so a reply from this node to a
+	// pod elsewhere (Prometheus scraping this node's plugin) must not go
+	// through it.
+	for _, o := range c.Nodes {
+		if o.Index != n.Index {
+			steps = append(steps, []string{"ip", "route", "replace", o.podCIDR(), "via", o.IP()})
+		}
+	}
 	for _, b := range nodeBinds {
 		if err := os.MkdirAll(b.host, 0o755); err != nil {
 			return err

@@ -182,7 +182,7 @@ func TestFilterAgainstAPIServer(t *testing.T) {
 // TestPlainOnlyOnLoopback: metrics without authentication are refused
 // anywhere but on loopback.
 func TestPlainOnlyOnLoopback(t *testing.T) {
-	lis, err := net.Listen("tcp", "0.0.0.0:0")
+	lis, err := net.Listen("tcp", "0.0.0.0:0") //nolint:gosec // G102: what is tested is that all interfaces are refused
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func serveHTTP(t *testing.T, h http.Handler) string {
 
 var insecure = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 	// The server's certificate is self-signed.
-	TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec
+	TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // G402: the server's certificate is self-signed
 
 func request(t *testing.T, method, addr, path, token string) (int, string) {
 	t.Helper()

@@ -96,8 +96,13 @@ func Serve(ctx context.Context, c Config) error {
 }
 
 // ServeListener is Serve on a listener it closes.
-func ServeListener(ctx context.Context, lis net.Listener, c Config) error {
-	defer lis.Close()
+func ServeListener(ctx context.Context, lis net.Listener, c Config) (err error) {
+	defer func() {
+		// srv.Serve closes it; this is for the returns before.
+		if cerr := lis.Close(); cerr != nil && !errors.Is(cerr, net.ErrClosed) && err == nil {
+			err = cerr
+		}
+	}()
 	if c.Filter == nil {
 		if ip := lis.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
 			return fmt.Errorf("metrics on %s without authentication: only a loopback address may serve them so; give the plugin API access (in-cluster or --kubeconfig)", lis.Addr())
@@ -127,7 +132,8 @@ func ServeListener(ctx context.Context, lis net.Listener, c Config) error {
 		case <-done:
 			return
 		}
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// ctx is done: the shutdown gets a few seconds of its own.
+		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := srv.Shutdown(shutdown); err != nil {
 			klog.ErrorS(err, "Shutting down the metrics server")
