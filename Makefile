@@ -87,7 +87,7 @@ REQUIRE_MICROVM = $(if $(filter 1,$(PODVOL_REQUIRE_MICROVM)),-require-run ./test
 
 # prometheus, promtool and promqlnames at the version tools/prometheus/go.mod
 # pins, built from Go modules into a cache by tools/prometheus/build.sh
-# (COLDTIME the first time): internal/monitoring's unit tests run them (the
+# (4-8 minutes the first time): internal/monitoring's unit tests run them (the
 # alert rules' promtool tests, the metric names of the rules and the
 # dashboard), and the dev cluster's Prometheus is the same build.
 prometheus-tools: ## build prometheus and promtool (tools/prometheus) into the cache
