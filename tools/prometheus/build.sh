@@ -20,7 +20,7 @@ cd "$(dirname "$0")"
 . ../lib.sh
 MOD=github.com/prometheus/prometheus
 VERSION=$(module_version "$MOD")
-TAGS=remove_all_sd
+TAGS=remove_all_sd,enable_kubernetes_sd
 # Keyed by the dependencies, the tags and promqlnames' source too: the same
 # version built against other libraries, or with other plugins, is another
 # binary.
