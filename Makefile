@@ -10,7 +10,7 @@ GO ?= go
 # race detector needs cgo (and gcc).
 export CGO_ENABLED ?= 0
 
-.PHONY: all help build test test-host test-cluster check vet lint fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-chaos conformance-slow
+.PHONY: all help build test test-host test-cluster check vet lint prometheus-tools fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-chaos conformance-slow
 
 all: build
 
@@ -85,9 +85,17 @@ lint: ## golangci-lint over the whole module (.golangci.yml)
 TEST_SUMMARY = $(GO) run ./test/internal/testsummary
 REQUIRE_MICROVM = $(if $(filter 1,$(PODVOL_REQUIRE_MICROVM)),-require-run ./test/microvm)
 
+# prometheus, promtool and promqlnames at the version tools/prometheus/go.mod
+# pins, built from Go modules into a cache by tools/prometheus/build.sh
+# (4-8 minutes the first time): internal/monitoring's unit tests run them (the
+# alert rules' promtool tests, the metric names of the rules and the
+# dashboard), and the dev cluster's Prometheus is the same build.
+prometheus-tools: ## build prometheus and promtool (tools/prometheus) into the cache
+	@GO='$(GO)' tools/prometheus/build.sh >/dev/null
+
 # Quick checks that need no root: gofmt, go vet, golangci-lint, and the unit
 # tests with -race.
-check: vet lint ## vet, lint and the unit tests with -race: no root, no cluster
+check: vet lint prometheus-tools ## vet, lint and the unit tests with -race: no root, no cluster
 	$(TEST_SUMMARY) -- env CGO_ENABLED=1 TMPDIR=$(CHECK_TMPDIR) $(GO) test -json -race -count=1 -timeout 5m $(UNIT_PKGS)
 
 # Every test. Needs root; installs the Debian packages it needs (deps) first,

@@ -27,6 +27,7 @@ func main() {
 	pool := flag.String("pool-size", "20Gi", "size of the XFS image backing the first node's pool (each next node's is smaller)")
 	nodes := flag.Int("nodes", devcluster.DefaultNodes, "how many nodes a new cluster has")
 	grace := flag.Duration("node-loss-grace", 0, "podvol-controller's --node-loss-grace-period, patched over deploy/base's (0: deploy/base's)")
+	prom := flag.Bool("prometheus", false, "up: also start a Prometheus on the host scraping podvol with the documented scrape configs and alert rules (docs/operations.md)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: podvol-dev [flags] up|demo|down\n")
@@ -51,7 +52,12 @@ func main() {
 	c := devcluster.New(devcluster.Config{Dir: *dir, PoolSize: q.Value(), Nodes: *nodes, NodeLossGrace: *grace})
 	switch flag.Arg(0) {
 	case "up":
-		err = c.Up(ctx)
+		if err = c.Up(ctx); err == nil && *prom {
+			var url string
+			if url, err = c.StartPrometheus(ctx); err == nil {
+				fmt.Printf("Prometheus: %s (its HTTP API: %s/api/v1/targets, %s/api/v1/alerts; no web UI)\n", url, url, url)
+			}
+		}
 	case "demo":
 		if err = c.Up(ctx); err == nil {
 			err = c.Demo(ctx)

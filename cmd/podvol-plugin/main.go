@@ -212,6 +212,11 @@ func run(c config) error {
 				DirectIORefused: refused,
 			}, nil
 		})
+		m.AddHealth(volumeConditions(p, n))
+		m.AddFilesystem(func() (metrics.FilesystemStats, error) {
+			used, avail, err := p.Written()
+			return metrics.FilesystemStats{UsedBytes: used, AvailableBytes: avail}, err
+		})
 		observe = m.ObserveRPC
 		mc := metricsauth.Config{Address: c.metricsAddr, CertFile: c.metricsCert, KeyFile: c.metricsKey,
 			Metrics: m.Handler(), Sidecars: sidecars, Healthz: metrics.Healthz(p.Check)}

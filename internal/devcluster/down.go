@@ -60,6 +60,7 @@ func (c *Cluster) Down(ctx context.Context) error {
 		errs = append(errs, n.stop(ctx))
 	}
 	c.p.next("stopping the control plane")
+	errs = append(errs, c.StopPrometheus())
 	for _, n := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"} {
 		errs = append(errs, c.stopProcess(n, time.Minute))
 	}

@@ -25,7 +25,10 @@ type PoolStats struct {
 // Metrics holds podvol's collectors.
 type Metrics struct {
 	reg *prometheus.Registry
-	rpc *prometheus.HistogramVec
+	// podvol registers podvol's own collectors: each series gets the
+	// label node.
+	podvol prometheus.Registerer
+	rpc    *prometheus.HistogramVec
 }
 
 // New registers the collectors. poolStats is read at each scrape. Every
@@ -42,7 +45,8 @@ func New(node string, poolStats func() (PoolStats, error)) *Metrics {
 		}, []string{"method", "code"}),
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	prometheus.WrapRegistererWith(prometheus.Labels{"node": node}, m.reg).MustRegister(m.rpc, &poolCollector{stats: poolStats})
+	m.podvol = prometheus.WrapRegistererWith(prometheus.Labels{"node": node}, m.reg)
+	m.podvol.MustRegister(m.rpc, &poolCollector{stats: poolStats})
 	return m
 }
 

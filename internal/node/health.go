@@ -20,6 +20,19 @@ const (
 	DataLoss                         // data is gone or damaged
 )
 
+// String is the severity's name, as the health metric labels it.
+func (s Severity) String() string {
+	switch s {
+	case Degraded:
+		return "Degraded"
+	case Inaccessible:
+		return "Inaccessible"
+	case DataLoss:
+		return "DataLoss"
+	}
+	return fmt.Sprintf("Severity(%d)", int(s))
+}
+
 // Condition is one problem with a volume.
 type Condition struct {
 	Severity Severity

@@ -528,12 +528,21 @@ const deletedSuffix = " (deleted)"
 // the first is smaller, a write inside a volume can fail with ENOSPC although
 // the volume is not full: the pool's filesystem is shared or too small.
 func (p *Pool) Unwritten() (fsFree, promised int64, err error) {
-	fs, err := p.dev.Statfs(p.dir)
+	used, fsFree, err := p.Written()
 	if err != nil {
 		return 0, 0, err
 	}
 	_, allocated := p.Capacity()
-	var used int64
+	return fsFree, max(allocated-used, 0), nil
+}
+
+// Written returns how many bytes the images occupy on the pool filesystem
+// (their written blocks) and how many that filesystem has free.
+func (p *Pool) Written() (used, fsFree int64, err error) {
+	fs, err := p.dev.Statfs(p.dir)
+	if err != nil {
+		return 0, 0, err
+	}
 	for _, dir := range []string{p.volDir, p.snapDir} {
 		ents, err := os.ReadDir(dir)
 		if err != nil {
@@ -546,7 +555,7 @@ func (p *Pool) Unwritten() (fsFree, promised int64, err error) {
 			}
 		}
 	}
-	return fs.AvailableBytes, max(allocated-used, 0), nil
+	return used, fs.AvailableBytes, nil
 }
 
 // ReadyVolume returns the volume with id if it is ready: created and not

@@ -104,6 +104,7 @@ func TestCluster(t *testing.T) {
 		{"AdmissionPolicyGaps", testAdmissionPolicyGaps},
 		{"Capacity", testCapacity},
 		{"MetricsMatchVolumes", testMetricsMatchVolumes},
+		{"Prometheus", testPrometheus},
 		{"PerNodeRouting", testPerNodeRouting},
 		{"DrainWithSomewhereToGo", testDrainWithSomewhereToGo},
 		{"NodeLost", testNodeLost},

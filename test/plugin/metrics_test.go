@@ -1,8 +1,11 @@
 package plugin_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -24,7 +27,7 @@ func TestMetricsAndHealthz(t *testing.T) {
 		t.Fatalf("no metrics address in the log:\n%s", e.p.Log())
 	}
 	a := e.create("a", 100<<20, rwo, nil)
-	e.create("b", 200<<20, rwo, nil)
+	b := e.create("b", 200<<20, rwo, nil)
 	e.snapshot("s", a.GetVolumeId())
 	_ = e.delete("pv-000000000000000000000000")
 
@@ -60,7 +63,45 @@ func TestMetricsAndHealthz(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	for _, want := range []*regexp.Regexp{
+		// The images' written blocks (mkfs wrote some) and what their
+		// filesystem has left.
+		regexp.MustCompile(`\npodvol_pool_used_bytes\{node="node-1"\} [1-9]`),
+		regexp.MustCompile(`\npodvol_pool_filesystem_available_bytes\{node="node-1"\} [1-9]`),
+	} {
+		if !want.MatchString(m) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	// A healthy pool has no condition; a volume whose image is gone has
+	// the one NodeGetVolumeHealth reports, with its severity, until the
+	// image is back.
+	if strings.Contains(m, "podvol_volume_health_condition{") {
+		t.Errorf("healthy volumes have a health condition")
+	}
+	img := filepath.Join(e.p.PoolDir, "volumes", b.GetVolumeId()+".img")
+	e.must("move the image away", os.Rename(img, img+".away"))
+	lost := get("/metrics")
+	e.must("move the image back", os.Rename(img+".away", img))
+	want := fmt.Sprintf(`podvol_volume_health_condition{node="node-1",reason="ImageMissing",severity="DataLoss",volume=%q} 1`, b.GetVolumeId())
+	if !strings.Contains(lost, want) {
+		t.Errorf("metrics lack %s:\n%s", want, grep(lost, "podvol_volume_health"))
+	}
+	if again := get("/metrics"); strings.Contains(again, "podvol_volume_health_condition{") {
+		t.Errorf("the condition outlived the image's return:\n%s", grep(again, "podvol_volume_health"))
+	}
 	if t.Failed() {
 		t.Logf("metrics:\n%s", m)
 	}
+}
+
+// grep returns the lines of s that contain sub.
+func grep(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
