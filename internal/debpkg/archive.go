@@ -117,7 +117,7 @@ func (a *Archive) release(ctx context.Context, src Source) (*release, error) {
 		a.logf("%s: %v; using the Release file fetched before", src, err)
 		body = old
 	}
-	signed, err := verify(ctx, body, src.Keyrings)
+	signed, err := Verify(ctx, body, src.Keyrings)
 	if err != nil {
 		return nil, fmt.Errorf("the Release file of %s: %w", src, err)
 	}
@@ -148,9 +148,9 @@ func (a *Archive) release(ctx context.Context, src Source) (*release, error) {
 	return rel, nil
 }
 
-// verify checks an inline-signed Release file with gpgv and returns the
+// Verify checks an inline-signed Release file with gpgv and returns the
 // signed text only (what gpgv vouches for, not the bytes around it).
-func verify(ctx context.Context, inRelease []byte, keyrings []string) ([]byte, error) {
+func Verify(ctx context.Context, inRelease []byte, keyrings []string) ([]byte, error) {
 	args := []string{"--quiet"}
 	for _, k := range keyrings {
 		args = append(args, "--keyring", k)
