@@ -1,11 +1,17 @@
 package images
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"fmt"
+	"io"
+	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -60,6 +66,13 @@ func PluginTools(ctx context.Context, goarch, cache string, logf func(string, ..
 	pkgs, err := a.Resolve(device.ToolPackages(), skipDepends)
 	if err != nil {
 		return nil, err
+	}
+	// The selection is cached by what it is made of (the packages, by
+	// hash, and the lists above): a warm build extracts nothing.
+	key := selectionKey(goarch, pkgs)
+	cached := filepath.Join(cache, "selections", key+".tar")
+	if files, err := readSelection(cached); err == nil {
+		return files, nil
 	}
 	fs := tree{files: map[string]debpkg.File{}, owner: map[string]string{}}
 	for _, p := range pkgs {
@@ -120,7 +133,83 @@ func PluginTools(ctx context.Context, goarch, cache string, logf func(string, ..
 		f := fs.files[p]
 		out = append(out, ociimage.File{Path: p, Data: f.Data, Link: f.Link, Mode: f.Mode, Dir: f.Dir})
 	}
+	if err := writeSelection(cached, out); err != nil {
+		return nil, fmt.Errorf("caching the plugin's programs: %w", err)
+	}
 	return out, nil
+}
+
+func selectionKey(goarch string, pkgs []*debpkg.Package) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%v\n%v\n%v\n", goarch, device.Programs, configFiles, skipDepends)
+	for _, p := range pkgs {
+		fmt.Fprintf(h, "%s %s\n", p.Name, p.SHA256)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// writeSelection keeps files as a tar at path.
+func writeSelection(path string, files []ociimage.File) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range files {
+		h := &tar.Header{Name: f.Path, Mode: f.Mode, Typeflag: tar.TypeReg, Size: int64(len(f.Data))}
+		switch {
+		case f.Dir:
+			h.Typeflag, h.Size = tar.TypeDir, 0
+		case f.Link != "":
+			h.Typeflag, h.Linkname, h.Size = tar.TypeSymlink, f.Link, 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(f.Data); err != nil {
+				return err
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readSelection(path string) ([]ociimage.File, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []ociimage.File
+	tr := tar.NewReader(bytes.NewReader(b))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		f := ociimage.File{Path: h.Name, Mode: h.Mode}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			f.Dir = true
+		case tar.TypeSymlink:
+			f.Link = h.Linkname
+		default:
+			if f.Data, err = io.ReadAll(tr); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, f)
+	}
 }
 
 // tree is the files of several packages' data.tar, by path.
