@@ -32,6 +32,7 @@ func main() {
 		os.Exit(1)
 	}
 	b.Cache = *cache
+	b.TrimPath = true
 	b.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "== "+format+"\n", args...) }
 	digests, err := b.WriteAll(ctx, *repo, *out, strings.Split(*platforms, ","))
 	if err != nil {

@@ -47,6 +47,11 @@ type Build struct {
 	Source   string    // the source repository's URL
 	Created  time.Time // every file's time and the images' creation time
 	Cache    string    // the Debian cache (DefaultCache if empty)
+	// TrimPath compiles with -trimpath, so that the binaries do not depend
+	// on where the checkout is (make images). Without it, compiling shares
+	// the build cache with make build and the tests (a -trimpath build
+	// compiles every dependency again): the dev cluster's choice.
+	TrimPath bool
 	Logf     func(format string, args ...any)
 }
 
@@ -140,9 +145,8 @@ func (b Build) ControllerImage(goarch, binary string) ociimage.Image {
 }
 
 // CompileBinaries cross-compiles the plugin and the controller for goarch
-// into dir (as dir/<name>) with the version stamped in as `make build`
-// does; -trimpath, so that the bytes do not depend on where the checkout
-// is.
+// into dir (as dir/<name>), static, stripped, with the version stamped in
+// as `make build` does.
 func (b Build) CompileBinaries(ctx context.Context, repo, goarch, dir string) (map[string]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -151,7 +155,11 @@ func (b Build) CompileBinaries(ctx context.Context, repo, goarch, dir string) (m
 	for _, name := range []string{Plugin, Controller} {
 		bin := filepath.Join(dir, name)
 		b.logf("compiling %s for linux/%s", name, goarch)
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w -X main.version="+b.Version, "-o", bin, "./cmd/"+name)
+		args := []string{"build", "-ldflags", "-s -w -X main.version=" + b.Version, "-o", bin}
+		if b.TrimPath {
+			args = append(args, "-trimpath")
+		}
+		cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/"+name)...)
 		cmd.Dir = repo
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
 		if o, err := cmd.CombinedOutput(); err != nil {
