@@ -198,7 +198,7 @@ func (b Build) WriteAll(ctx context.Context, repo, outDir string, goarches []str
 	sort.Strings(names)
 	for _, name := range names {
 		path := filepath.Join(outDir, name+".oci.tar")
-		d, err := ociimage.WriteArchive(path, name+":"+b.Version, b.Labels(name), byName[name]...)
+		d, err := ociimage.WriteIndexArchive(path, name+":"+b.Version, b.Labels(name), byName[name]...)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}

@@ -266,17 +266,33 @@ func (img Image) manifest(b blobs) (Descriptor, error) {
 	return d, nil
 }
 
-// WriteArchive writes imgs as an OCI image layout in a tar archive at path,
+// WriteArchive writes img as an OCI image layout in a tar archive at path,
 // named ref (e.g. "localhost/podvol-plugin:v1": the name containerd
 // imports it under; the tag after the last ':' is its
-// org.opencontainers.image.ref.name). One image is listed in the layout's
-// index.json itself; several (one per platform) are an image index, which
-// index.json lists. annotations go on that top descriptor (and on the
-// image index). It returns the digest of what index.json lists: the one
-// a registry serves for the tag once pushed.
-func WriteArchive(path, ref string, annotations map[string]string, imgs ...Image) (string, error) {
+// org.opencontainers.image.ref.name), its manifest listed in the layout's
+// index.json. annotations go on that descriptor. It returns the manifest's
+// digest.
+func WriteArchive(path, ref string, annotations map[string]string, img Image) (string, error) {
+	return write(path, ref, annotations, false, img)
+}
+
+// WriteIndexArchive writes imgs (one per platform) as WriteArchive does,
+// as an image index that index.json lists, annotations on both. It returns
+// the index's digest: the one a registry serves for the tag once pushed.
+func WriteIndexArchive(path, ref string, annotations map[string]string, imgs ...Image) (string, error) {
+	return write(path, ref, annotations, true, imgs...)
+}
+
+func write(path, ref string, annotations map[string]string, asIndex bool, imgs ...Image) (string, error) {
 	if len(imgs) == 0 {
 		return "", fmt.Errorf("no image to write")
+	}
+	seen := map[Platform]bool{}
+	for _, img := range imgs {
+		if seen[img.Platform] {
+			return "", fmt.Errorf("two images of %s", img.Platform)
+		}
+		seen[img.Platform] = true
 	}
 	b := blobs{}
 	var manifests []Descriptor
@@ -288,7 +304,7 @@ func WriteArchive(path, ref string, annotations map[string]string, imgs ...Image
 		manifests = append(manifests, d)
 	}
 	var top Descriptor
-	if len(manifests) == 1 {
+	if !asIndex {
 		top = manifests[0]
 	} else {
 		idx := map[string]any{"schemaVersion": 2, "mediaType": MediaTypeIndex, "manifests": manifests}

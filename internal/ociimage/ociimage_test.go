@@ -40,14 +40,14 @@ func TestWriteArchiveIsReproducible(t *testing.T) {
 	imgs := testImages(t)
 	dir := t.TempDir()
 	a, b := filepath.Join(dir, "a.tar"), filepath.Join(dir, "b.tar")
-	da, err := WriteArchive(a, "x:v1", nil, imgs...)
+	da, err := WriteIndexArchive(a, "x:v1", nil, imgs...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chtimes(imgs[0].Files[1].From, time.Now(), time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	db, err := WriteArchive(b, "x:v1", nil, imgs...)
+	db, err := WriteIndexArchive(b, "x:v1", nil, imgs...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestWriteArchiveIsReproducible(t *testing.T) {
 // and layer are as written.
 func TestWriteArchiveIndex(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.tar")
-	top, err := WriteArchive(path, "localhost/x:v1", map[string]string{AnnotationVersion: "v1"}, testImages(t)...)
+	top, err := WriteIndexArchive(path, "localhost/x:v1", map[string]string{AnnotationVersion: "v1"}, testImages(t)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,5 +126,26 @@ func TestLayerRefusesAFileTwice(t *testing.T) {
 	img := Image{Files: []File{{Path: "/a", Data: []byte("1")}, {Path: "/a", Data: []byte("2")}}}
 	if _, err := img.Layer(); err == nil {
 		t.Error("two files at /a: no error")
+	}
+}
+
+// TestWriteArchiveOneImage: one image's manifest is what index.json lists,
+// with its platform and the name containerd imports it under.
+func TestWriteArchiveOneImage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.tar")
+	d, err := WriteArchive(path, "localhost/x:v1", nil, testImages(t)[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ReadArchive(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := a.Index.Manifests
+	if len(m) != 1 || m[0].Digest != d || m[0].MediaType != MediaTypeManifest || m[0].Platform == nil || m[0].Platform.Architecture != "arm64" {
+		t.Fatalf("index.json lists %+v, want the arm64 manifest %s", m, d)
+	}
+	if got := m[0].Annotations[annotationContainerdName]; got != "localhost/x:v1" {
+		t.Errorf("containerd's name %q", got)
 	}
 }
