@@ -381,8 +381,8 @@ func TestPluginImageHasEveryProgram(t *testing.T) {
 }
 
 // TestPluginProgramsRunInTheImage runs the image of this machine's
-// architecture: its layer unpacked and each program chrooted into it, so
-// that nothing of the host is found. mkfs.ext4, e2fsck and resize2fs work on
+// architecture: its layer unpacked and each program chrooted into it (with
+// a /proc, as in a container), so that nothing of the host is found. mkfs.ext4, e2fsck and resize2fs work on
 // a file, mkfs.xfs likewise, blkid finds what they made, and mount and
 // xfs_growfs print their version.
 func TestPluginProgramsRunInTheImage(t *testing.T) {
@@ -416,8 +416,12 @@ func TestPluginProgramsRunInTheImage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(root, "tmp"), 0o1777); err != nil {
-		t.Fatal(err)
+	// A container has /proc: the e2fsprogs check whether a device is
+	// mounted there (/etc/mtab only when /proc/mounts is missing).
+	for _, d := range []string{"tmp", "proc"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o1777); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, img := range []struct {
 		name string
@@ -434,7 +438,9 @@ func TestPluginProgramsRunInTheImage(t *testing.T) {
 	}
 	run := func(want string, args ...string) {
 		t.Helper()
-		cmd := exec.Command("chroot", append([]string{root}, args...)...)
+		// In a mount namespace of its own, whose proc mount goes with
+		// it: nothing to unmount afterwards.
+		cmd := exec.Command("unshare", append([]string{"--mount", "--fork", "--", "sh", "-c", `mount -t proc proc "$0/proc" && exec chroot "$0" "$@"`, root}, args...)...)
 		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
