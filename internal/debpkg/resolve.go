@@ -197,7 +197,7 @@ func Files(ctx context.Context, debPath string) ([]File, error) {
 	var rerr error
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

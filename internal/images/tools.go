@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -191,7 +192,7 @@ func readSelection(path string) ([]ociimage.File, error) {
 	tr := tar.NewReader(bytes.NewReader(b))
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return out, nil
 		}
 		if err != nil {
@@ -287,36 +288,35 @@ func (s *selection) addELF(p string) error {
 	if err != nil {
 		return err
 	}
-	real := chain[len(chain)-1]
-	done := s.picked[real]
+	file := chain[len(chain)-1]
+	done := s.picked[file]
 	for _, c := range chain {
 		s.picked[c] = true
 	}
 	if done {
 		return nil
 	}
-	f, err := elf.NewFile(bytes.NewReader(s.tree.files[real].Data))
+	f, err := elf.NewFile(bytes.NewReader(s.tree.files[file].Data))
 	if err != nil {
-		return fmt.Errorf("%s is not an ELF file: %w", real, err)
+		return fmt.Errorf("%s is not an ELF file: %w", file, err)
 	}
-	defer f.Close()
 	if f.Machine != s.arch.Machine {
-		return fmt.Errorf("%s is for %s, not %s", real, f.Machine, s.goarch)
+		return fmt.Errorf("%s is for %s, not %s", file, f.Machine, s.goarch)
 	}
 	for _, prog := range f.Progs {
 		if prog.Type == elf.PT_INTERP {
 			b := make([]byte, prog.Filesz)
 			if _, err := prog.ReadAt(b, 0); err != nil {
-				return fmt.Errorf("%s: its interpreter: %w", real, err)
+				return fmt.Errorf("%s: its interpreter: %w", file, err)
 			}
 			if err := s.addELF(strings.TrimRight(string(b), "\x00")); err != nil {
-				return fmt.Errorf("%s's interpreter: %w", real, err)
+				return fmt.Errorf("%s's interpreter: %w", file, err)
 			}
 		}
 	}
 	needed, err := f.ImportedLibraries()
 	if err != nil {
-		return fmt.Errorf("%s: %w", real, err)
+		return fmt.Errorf("%s: %w", file, err)
 	}
 	for _, lib := range needed {
 		found := ""
@@ -327,7 +327,7 @@ func (s *selection) addELF(p string) error {
 			}
 		}
 		if found == "" {
-			return fmt.Errorf("%s needs %s, which no package of its dependencies has in %s", real, lib, strings.Join(s.arch.LibDirs, ", "))
+			return fmt.Errorf("%s needs %s, which no package of its dependencies has in %s", file, lib, strings.Join(s.arch.LibDirs, ", "))
 		}
 		if err := s.addELF(found); err != nil {
 			return err

@@ -82,7 +82,7 @@ func buildTwice(t *testing.T) (*built, *built) {
 		start := time.Now()
 		d, err := build.WriteAll(context.Background(), repo, dir, images.Platforms)
 		if err != nil {
-			os.RemoveAll(dir)
+			_ = os.RemoveAll(dir)
 			t.Fatal(err)
 		}
 		t.Logf("build %d: %s", i+1, time.Since(start).Round(100*time.Millisecond))
@@ -104,7 +104,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	for _, b := range []*built{first, second} {
 		if b != nil {
-			os.RemoveAll(b.dir)
+			_ = os.RemoveAll(b.dir)
 		}
 	}
 	os.Exit(code)
@@ -267,7 +267,7 @@ func (p platformImage) resolve(name string) (string, bool) {
 			if strings.HasPrefix(h.Linkname, "/") {
 				name = h.Linkname
 			} else {
-				name = path.Join(path.Dir(name), h.Linkname)
+				name = path.Join(path.Dir(name), h.Linkname) //nolint:gosec // G305: a lookup in the layer's map, not a path on disk
 			}
 		case tar.TypeReg:
 			return name, true
@@ -293,7 +293,7 @@ func (p platformImage) resolveDir(dir string) (string, bool) {
 		if strings.HasPrefix(h.Linkname, "/") {
 			dir = path.Clean(h.Linkname)
 		} else {
-			dir = path.Join(path.Dir(dir), h.Linkname)
+			dir = path.Join(path.Dir(dir), h.Linkname) //nolint:gosec // G305: likewise
 		}
 	}
 	return dir, false
@@ -303,18 +303,18 @@ func (p platformImage) resolveDir(dir string) (string, bool) {
 // interpreter and needed libraries are in the image, transitively.
 func (p platformImage) checkELF(t *testing.T, name string, checked map[string]bool) {
 	t.Helper()
-	real, ok := p.resolve(name)
+	file, ok := p.resolve(name)
 	if !ok {
 		t.Errorf("%s: %s is not in the image", p.arch, name)
 		return
 	}
-	if checked[real] {
+	if checked[file] {
 		return
 	}
-	checked[real] = true
-	f := elfOf(t, p.data[real], real)
+	checked[file] = true
+	f := elfOf(t, p.data[file], file)
 	if f.Machine != machines[p.arch] {
-		t.Errorf("%s: %s is for %s", p.arch, real, f.Machine)
+		t.Errorf("%s: %s is for %s", p.arch, file, f.Machine)
 	}
 	for _, prog := range f.Progs {
 		if prog.Type == elf.PT_INTERP {
@@ -339,7 +339,7 @@ func (p platformImage) checkELF(t *testing.T, name string, checked map[string]bo
 			}
 		}
 		if found == "" {
-			t.Errorf("%s: %s needs %s, which is not in the image's library directories", p.arch, real, lib)
+			t.Errorf("%s: %s needs %s, which is not in the image's library directories", p.arch, file, lib)
 			continue
 		}
 		p.checkELF(t, found, checked)
