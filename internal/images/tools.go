@@ -140,9 +140,13 @@ func PluginTools(ctx context.Context, goarch, cache string, logf func(string, ..
 	return out, nil
 }
 
+// selectionFormat is part of the selection's cache key: change it when
+// what PluginTools selects from the same packages changes.
+const selectionFormat = 1
+
 func selectionKey(goarch string, pkgs []*debpkg.Package) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%v\n%v\n%v\n", goarch, device.Programs, configFiles, skipDepends)
+	fmt.Fprintf(h, "%d\n%s\n%v\n%v\n%v\n", selectionFormat, goarch, device.Programs, configFiles, skipDepends)
 	for _, p := range pkgs {
 		fmt.Fprintf(h, "%s %s\n", p.Name, p.SHA256)
 	}
