@@ -10,7 +10,7 @@ GO ?= go
 # race detector needs cgo (and gcc).
 export CGO_ENABLED ?= 0
 
-.PHONY: all help build test test-host test-cluster check vet lint prometheus-tools fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-chaos conformance-slow
+.PHONY: all help build images test test-host test-cluster check vet lint prometheus-tools fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-chaos conformance-slow
 
 all: build
 
@@ -24,10 +24,21 @@ build: ## bin/podvol-plugin, bin/podvol-controller, bin/podvol-dev (version stam
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-controller ./cmd/podvol-controller
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-dev ./cmd/podvol-dev
 
+# podvol's images without Docker (internal/images): podvol-plugin and
+# podvol-controller as OCI archives in bin/images, each an image index for
+# IMAGE_PLATFORMS, reproducible (the time is SOURCE_DATE_EPOCH, else the
+# commit's). The plugin's programs come from Debian packages of each
+# architecture, from the archive apt is configured with, verified and
+# cached by hash in IMAGE_CACHE. Push them with any OCI tool (README).
+IMAGE_PLATFORMS ?= amd64,arm64
+IMAGE_CACHE ?= /var/cache/podvol/debian
+images: ## bin/images/podvol-{plugin,controller}.oci.tar for IMAGE_PLATFORMS (no Docker)
+	$(GO) run ./cmd/podvol-images -version '$(VERSION)' -platforms '$(IMAGE_PLATFORMS)' -cache '$(IMAGE_CACHE)' -out bin/images
+
 # Debian packages the tests and the dev cluster need (root). Only what is
 # missing is installed, so that make test can depend on it and still start
 # at once on a machine that has them.
-DEB_PACKAGES := gcc libc6-dev e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git qemu-system-x86 curl
+DEB_PACKAGES := gcc libc6-dev gpgv debian-archive-keyring e2fsprogs xfsprogs util-linux mount containerd runc containernetworking-plugins busybox-static iproute2 iptables ca-certificates git qemu-system-x86 curl
 deps: ## install the Debian packages the tests and the dev cluster need (root)
 	@missing=; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then echo "== Debian packages: all installed"; else \

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/podvol/podvol/internal/images"
+	"github.com/podvol/podvol/internal/ociimage"
 	"github.com/podvol/podvol/internal/versions"
 )
 
@@ -170,7 +172,7 @@ func (c *Cluster) Up(ctx context.Context) error {
 		return err
 	}
 	c.p.next("building images")
-	if err := c.buildImages(); err != nil {
+	if err := c.buildImages(ctx); err != nil {
 		return err
 	}
 	c.p.next("preparing certificates and the XFS pools of %d nodes", len(c.Nodes))
@@ -281,32 +283,44 @@ func (c *Cluster) buildBinaries(ctx context.Context) error {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return err
 	}
-	for name, pkg := range map[string]string{"podvol-plugin": "./cmd/podvol-plugin", "podvol-controller": "./cmd/podvol-controller", "pause": "./internal/devcluster/pause"} {
-		c.p.note("building %s", name)
-		cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", "-s -w -X main.version=dev", "-o", filepath.Join(bin, name), pkg)
-		cmd.Dir = c.Repo
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
-		}
-		c.bins[name] = filepath.Join(bin, name)
+	c.p.note("building pause")
+	cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", "-s -w", "-o", filepath.Join(bin, "pause"), "./internal/devcluster/pause")
+	cmd.Dir = c.Repo
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./internal/devcluster/pause: %w\n%s", err, out)
 	}
-	h := sha256.New()
-	for _, name := range []string{"podvol-plugin", "podvol-controller"} {
-		b, err := os.ReadFile(c.bins[name])
-		if err != nil {
-			return err
-		}
-		h.Write(b)
+	c.bins["pause"] = filepath.Join(bin, "pause")
+	// podvol's binaries as `make images` compiles them (internal/images).
+	b, err := c.imageBuild()
+	if err != nil {
+		return err
 	}
-	c.podvolTag = fmt.Sprintf("dev-%x", h.Sum(nil)[:6])
+	podvol, err := b.CompileBinaries(ctx, c.Repo, runtime.GOARCH, bin)
+	if err != nil {
+		return err
+	}
+	for name, p := range podvol {
+		c.bins[name] = p
+	}
 	return nil
 }
 
 // Images the cluster runs, by the name the deploy overlay uses.
 var sidecarImages = versions.Sidecars
 
-func (c *Cluster) buildImages() error {
+// imageBuild is how the dev cluster builds podvol's images: as `make
+// images` does, with the version "dev".
+func (c *Cluster) imageBuild() (images.Build, error) {
+	b, err := images.ForRepo(c.Repo, "dev")
+	if err != nil {
+		return b, err
+	}
+	b.Logf = c.p.note
+	return b, nil
+}
+
+func (c *Cluster) buildImages(ctx context.Context) error {
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
 		return err
@@ -315,33 +329,23 @@ func (c *Cluster) buildImages() error {
 	if err != nil {
 		return fmt.Errorf("busybox --list: %w", err)
 	}
-	bb := []file{
-		{path: "/bin/busybox", from: busybox, mode: 0o755},
-		{path: "/etc/passwd", data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
-		{path: "/etc/group", data: []byte("root:x:0:\nnogroup:x:65534:\n")},
-		{path: "/tmp", isDir: true},
+	bb := []ociimage.File{
+		{Path: "/bin/busybox", From: busybox, Mode: 0o755},
+		{Path: "/etc/passwd", Data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
+		{Path: "/etc/group", Data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+		{Path: "/tmp", Dir: true},
 	}
 	for _, a := range strings.Fields(string(applets)) {
 		if a != "busybox" {
-			bb = append(bb, file{path: "/bin/" + a, link: "busybox"})
+			bb = append(bb, ociimage.File{Path: "/bin/" + a, Link: "busybox"})
 		}
 	}
-	tools, err := hostBinaries("mount", "umount", "blkid", "mke2fs", "mkfs.ext4", "e2fsck", "resize2fs", "mkfs.xfs", "xfs_growfs", "xfs_io")
-	if err != nil {
-		return fmt.Errorf("the plugin image (install e2fsprogs, xfsprogs, mount): %w", err)
-	}
-	plugin := append([]file{{path: "/podvol-plugin", from: c.bins["podvol-plugin"], mode: 0o755}, {path: "/tmp", isDir: true}}, tools...)
-	if _, err := os.Stat("/etc/mke2fs.conf"); err == nil {
-		plugin = append(plugin, file{path: "/etc/mke2fs.conf", from: "/etc/mke2fs.conf"})
-	}
 	imgs := []image{
-		{ref: "localhost/pause:podvol", entrypoint: []string{"/pause"}, files: []file{{path: "/pause", from: c.bins["pause"], mode: 0o755}}},
+		{ref: "localhost/pause:podvol", entrypoint: []string{"/pause"}, files: []ociimage.File{{Path: "/pause", From: c.bins["pause"], Mode: 0o755}}},
 		{ref: "localhost/busybox:podvol", entrypoint: []string{"/bin/sh"}, files: bb},
-		{ref: "localhost/podvol-plugin:" + c.podvolTag, entrypoint: []string{"/podvol-plugin"}, files: plugin},
-		{ref: "localhost/podvol-controller:" + c.podvolTag, entrypoint: []string{"/podvol-controller"}, files: []file{{path: "/podvol-controller", from: c.bins["podvol-controller"], mode: 0o755}}},
 	}
 	for name, version := range sidecarImages {
-		imgs = append(imgs, image{ref: "localhost/" + name + ":" + version, entrypoint: []string{"/" + name}, files: []file{{path: "/" + name, from: c.bins[name], mode: 0o755}}})
+		imgs = append(imgs, image{ref: "localhost/" + name + ":" + version, entrypoint: []string{"/" + name}, files: []ociimage.File{{Path: "/" + name, From: c.bins[name], Mode: 0o755}}})
 	}
 	for _, img := range imgs {
 		name := strings.NewReplacer("localhost/", "", ":", "_").Replace(img.ref)
@@ -349,7 +353,38 @@ func (c *Cluster) buildImages() error {
 			return fmt.Errorf("image %s: %w", img.ref, err)
 		}
 	}
-	c.p.note("%d images in %s", len(imgs), c.path("images"))
+	// podvol's two images of this machine's architecture, as `make images`
+	// builds them: the plugin's programs from Debian packages.
+	b, err := c.imageBuild()
+	if err != nil {
+		return err
+	}
+	tools, err := images.PluginTools(ctx, runtime.GOARCH, images.DefaultCache, c.p.note)
+	if err != nil {
+		return fmt.Errorf("the plugin image: %w", err)
+	}
+	podvol := map[string]ociimage.Image{
+		images.Plugin:     b.PluginImage(runtime.GOARCH, c.bins[images.Plugin], tools),
+		images.Controller: b.ControllerImage(runtime.GOARCH, c.bins[images.Controller]),
+	}
+	// The tag follows the images' content (binaries and the plugin's
+	// programs), so that deploying a changed podvol rolls its pods out.
+	h := sha256.New()
+	for _, name := range []string{images.Plugin, images.Controller} {
+		layer, err := podvol[name].Layer()
+		if err != nil {
+			return fmt.Errorf("image %s: %w", name, err)
+		}
+		h.Write(layer)
+	}
+	c.podvolTag = fmt.Sprintf("dev-%x", h.Sum(nil)[:6])
+	for _, name := range []string{images.Plugin, images.Controller} {
+		ref := "localhost/" + name + ":" + c.podvolTag
+		if _, err := ociimage.WriteArchive(c.path("images", name+".oci.tar"), ref, b.Labels(name), podvol[name]); err != nil {
+			return fmt.Errorf("image %s: %w", ref, err)
+		}
+	}
+	c.p.note("%d images in %s", len(imgs)+len(podvol), c.path("images"))
 	return nil
 }
 

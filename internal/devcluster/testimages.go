@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path"
 	"strings"
+
+	"github.com/podvol/podvol/internal/ociimage"
 )
 
 // ImportTestImages builds stand-ins for the images Kubernetes' e2e storage
@@ -36,10 +38,10 @@ func (c *Cluster) ImportTestImages(ctx context.Context, refs []string, agnhost s
 		case "busybox", "nginx", "glibc-dns-testing":
 			img = image{ref: ref, cmd: []string{"sh"}, files: shell}
 		case "agnhost":
-			files := append([]file{{path: "/agnhost", from: agnhost, mode: 0o755}, {path: "/uploads", isDir: true}}, shell...)
+			files := append([]ociimage.File{{Path: "/agnhost", From: agnhost, Mode: 0o755}, {Path: "/uploads", Dir: true}}, shell...)
 			img = image{ref: ref, entrypoint: []string{"/agnhost"}, cmd: []string{"pause"}, files: files}
 		case "pause":
-			img = image{ref: ref, entrypoint: []string{"/pause"}, files: []file{{path: "/pause", from: c.path("bin", "pause"), mode: 0o755}}}
+			img = image{ref: ref, entrypoint: []string{"/pause"}, files: []ociimage.File{{Path: "/pause", From: c.path("bin", "pause"), Mode: 0o755}}}
 		default:
 			unknown = append(unknown, ref)
 			continue
@@ -99,11 +101,11 @@ func toolImage(ref string, programs ...string) (image, error) {
 	// A library both the shell and a tool load is in the image once.
 	seen := map[string]bool{}
 	for _, f := range files {
-		seen[f.path] = true
+		seen[f.Path] = true
 	}
 	for _, f := range tools {
-		if !seen[f.path] {
-			seen[f.path] = true
+		if !seen[f.Path] {
+			seen[f.Path] = true
 			files = append(files, f)
 		}
 	}
@@ -112,7 +114,7 @@ func toolImage(ref string, programs ...string) (image, error) {
 
 // testShellFiles is a busybox userland whose dd is GNU dd and whose sh is
 // dash (with the shared libraries they load).
-func testShellFiles() ([]file, error) {
+func testShellFiles() ([]ociimage.File, error) {
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
 		return nil, err
@@ -121,18 +123,18 @@ func testShellFiles() ([]file, error) {
 	if err != nil {
 		return nil, fmt.Errorf("busybox --list: %w", err)
 	}
-	files := []file{
-		{path: "/bin/busybox", from: busybox, mode: 0o755},
-		{path: "/etc/passwd", data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
-		{path: "/etc/group", data: []byte("root:x:0:\nnogroup:x:65534:\n")},
-		{path: "/tmp", isDir: true},
-		{path: "/root", isDir: true},
+	files := []ociimage.File{
+		{Path: "/bin/busybox", From: busybox, Mode: 0o755},
+		{Path: "/etc/passwd", Data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
+		{Path: "/etc/group", Data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+		{Path: "/tmp", Dir: true},
+		{Path: "/root", Dir: true},
 	}
 	// The shell is dash, not busybox's: a static busybox's shell runs its
 	// own applets before anything on PATH, its dd included.
 	for _, a := range strings.Fields(string(applets)) {
 		if a != "busybox" && a != "dd" && a != "sh" {
-			files = append(files, file{path: "/bin/" + a, link: "busybox"})
+			files = append(files, ociimage.File{Path: "/bin/" + a, Link: "busybox"})
 		}
 	}
 	seen := map[string]bool{}
@@ -143,13 +145,13 @@ func testShellFiles() ([]file, error) {
 		}
 		p, _ := exec.LookPath(name)
 		for _, f := range bins {
-			if f.path == p {
-				f.path = as
+			if f.Path == p {
+				f.Path = as
 			}
-			if strings.HasPrefix(f.path, "/bin/") && f.path != as || seen[f.path] {
+			if strings.HasPrefix(f.Path, "/bin/") && f.Path != as || seen[f.Path] {
 				continue // a symlink to it under /bin (busybox's here), or a library both load
 			}
-			seen[f.path] = true
+			seen[f.Path] = true
 			files = append(files, f)
 		}
 	}

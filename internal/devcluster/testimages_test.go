@@ -53,9 +53,9 @@ func TestToolImageHoldsTheProgramAndItsLibraries(t *testing.T) {
 	}
 	seen := map[string]int{}
 	for _, f := range img.files {
-		seen[f.path]++
-		if seen[f.path] == 2 {
-			t.Errorf("%s is in the image twice", f.path)
+		seen[f.Path]++
+		if seen[f.Path] == 2 {
+			t.Errorf("%s is in the image twice", f.Path)
 		}
 	}
 }

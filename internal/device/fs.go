@@ -16,10 +16,6 @@ import (
 // Filesystems podvol formats. Anything else is refused at the edge.
 var Filesystems = map[string]bool{"ext4": true, "xfs": true}
 
-// rewritesDisk lists the tools that write a filesystem's metadata: killed
-// half-way they can leave it corrupt.
-var rewritesDisk = map[string]bool{"mkfs.ext4": true, "mkfs.xfs": true, "e2fsck": true, "resize2fs": true, "xfs_growfs": true}
-
 // run executes a command and folds its output into the error, so that a
 // failure says what the tool itself said. Commands run to completion whatever
 // becomes of the request that started them (kubelet's deadline expiring, a
@@ -28,9 +24,16 @@ var rewritesDisk = map[string]bool{"mkfs.ext4": true, "mkfs.xfs": true, "e2fsck"
 // lock meanwhile, so kubelet's retry waits for the result and finds it. Each
 // command has a timeout of its own instead, generous for the tools that
 // rewrite a disk (a check of a large filesystem takes long).
+//
+// Only the programs of Tools run: the plugin image holds those and no
+// others.
 func run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	t, ok := program(name)
+	if !ok {
+		return nil, fmt.Errorf("%s is not in device.Programs, the list of programs the plugin runs and its image holds: add it there", name)
+	}
 	timeout := 10 * time.Minute
-	if rewritesDisk[name] {
+	if t.RewritesDisk {
 		timeout = 2 * time.Hour
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
@@ -43,7 +46,7 @@ func run(ctx context.Context, name string, args ...string) ([]byte, error) {
 	if err != nil {
 		var ee *exec.Error
 		if errors.As(err, &ee) {
-			return out.Bytes(), fmt.Errorf("%s is not installed (install util-linux, e2fsprogs and xfsprogs): %w", name, err)
+			return out.Bytes(), fmt.Errorf("%s is not installed (Debian package %s; the plugin needs %s): %w", name, t.Package, toolPackagesText(), err)
 		}
 		return out.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
