@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -122,11 +123,17 @@ func (c *Cluster) Demo(ctx context.Context) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.Out, "\nLook around: export KUBECONFIG=%s; kubectl -n %s get pods,pvc,volumesnapshots\nTear down: make down\n", c.Kubeconfig(), ns)
+	fmt.Fprintf(c.Out, "\nLook around: export KUBECONFIG=%s PATH=%s:%s:$PATH; kubectl -n %s get pods,pvc,volumesnapshots; kubectl podvol volumes -n %s\nTear down: make down\n",
+		c.Kubeconfig(), filepath.Dir(c.Kubectl()), c.KubectlPodvolDir(), ns, ns)
+	// The admin's view of the pools the demo used, through the kubectl
+	// plugin (docs/operations.md, "kubectl podvol").
+	fmt.Fprintf(c.Out, "\n$ kubectl podvol status\n")
+	out, _, statusErr := c.KubectlPodvol(ctx, nil, "status")
+	fmt.Fprint(c.Out, out)
 	if failed > 0 {
 		return fmt.Errorf("%d of %d lifecycles failed", failed, len(steps))
 	}
-	return nil
+	return statusErr
 }
 
 // where tells on which node and in which image file a PVC's volume lives.

@@ -99,6 +99,8 @@ func TestCluster(t *testing.T) {
 		{"AdmissionPolicyGaps", testAdmissionPolicyGaps},
 		{"Capacity", testCapacity},
 		{"MetricsMatchVolumes", testMetricsMatchVolumes},
+		// It compares every node's pool with what its plugin exports.
+		{"KubectlPodvol", testKubectlPodvol},
 		{"PerNodeRouting", testPerNodeRouting},
 		{"DrainWithSomewhereToGo", testDrainWithSomewhereToGo},
 		{"NodeLost", testNodeLost},
