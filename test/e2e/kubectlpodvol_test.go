@@ -32,13 +32,14 @@ func pluginGauges(t *testing.T, node *devcluster.Node) (map[string]int64, error)
 		return nil, err
 	}
 	g := map[string]int64{}
+	// Whatever other labels a series has (a node label, say).
 	for k, re := range map[string]string{
-		"capacity":  `(?m)^podvol_pool_capacity_bytes (\S+)$`,
-		"allocated": `(?m)^podvol_pool_allocated_bytes (\S+)$`,
-		"free":      `(?m)^podvol_pool_free_bytes (\S+)$`,
-		"volumes":   `(?m)^podvol_volumes\{kind="persistent"\} (\S+)$`,
-		"inline":    `(?m)^podvol_volumes\{kind="inline"\} (\S+)$`,
-		"snapshots": `(?m)^podvol_snapshots (\S+)$`,
+		"capacity":  `(?m)^podvol_pool_capacity_bytes(?:\{[^}]*\})? (\S+)$`,
+		"allocated": `(?m)^podvol_pool_allocated_bytes(?:\{[^}]*\})? (\S+)$`,
+		"free":      `(?m)^podvol_pool_free_bytes(?:\{[^}]*\})? (\S+)$`,
+		"volumes":   `(?m)^podvol_volumes\{[^}]*kind="persistent"[^}]*\} (\S+)$`,
+		"inline":    `(?m)^podvol_volumes\{[^}]*kind="inline"[^}]*\} (\S+)$`,
+		"snapshots": `(?m)^podvol_snapshots(?:\{[^}]*\})? (\S+)$`,
 	} {
 		m := regexp.MustCompile(re).FindStringSubmatch(page)
 		if m == nil {
