@@ -113,7 +113,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if !*noStats {
 		c.Summary = NodeProxySummary(kube)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout+time.Minute)
+	// reclaim waits twice (the claim bound, the volume deleted), each up
+	// to --timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 2**timeout+time.Minute)
 	defer cancel()
 
 	switch cmd {
