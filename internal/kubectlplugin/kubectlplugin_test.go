@@ -151,10 +151,10 @@ func cluster(t *testing.T) Clients {
 		pluginPod("a", true, 0),
 		pluginPod("b", true, 2, "--node-id=b", "--inline-default-size=256Mi"),
 		record("podvol-released-c", "c", map[string]string{
-			"pv-old1": "volumeHandle=pv-111 claim=db/data-db-0 released=2026-12-01T10:00:00Z",
+			"pv-old1": "volumeHandle=pv-111 claim=db/data-db-0 released=2026-12-01T10:00:00Z size=1073741824",
 			"pv-old2": "volumeHandle=pv-222 claim=db/data-db-1 released=2026-12-01T10:00:01Z"}),
 		record("podvol-released-c-x1", "c", map[string]string{"pv-old3": "volumeHandle=pv-333 claim= released=2026-12-01T10:00:02Z"}),
-		record("podvol-released-a", "a", map[string]string{"pv-back": "volumeHandle=pv-444 claim=db/data-db-2 released=2026-12-01T11:00:00Z"}),
+		record("podvol-released-a", "a", map[string]string{"pv-back": "volumeHandle=pv-444 claim=db/data-db-2 released=2026-12-01T11:00:00Z size=536870912"}),
 	}
 	scheme := runtime.NewScheme()
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{contentsGVR: "VolumeSnapshotContentList"},
@@ -208,15 +208,18 @@ func TestStatus(t *testing.T) {
 		version                              string
 		health                               []string
 	}{
-		// Two PVs (1Gi, 2Gi) and two snapshots (1Gi; 256Mi whose
-		// handle names no node, placed by its source volume).
-		{"a", ptr(5*gi + 3*gi + gi + gi/4), ptr(5 * gi), 3*gi + gi + gi/4, 2, 0, 2, 1, "v1.2.3",
+		// Two PVs (1Gi, 2Gi), two snapshots (1Gi; 256Mi whose handle
+		// names no node, placed by its source volume) and a released
+		// volume's image (512Mi).
+		{"a", ptr(5*gi + 3*gi + gi + gi/4 + gi/2), ptr(5 * gi), 3*gi + gi + gi/4 + gi/2, 2, 0, 2, 1, "v1.2.3",
 			[]string{"1 released volume(s) to reclaim (kubectl podvol released)"}},
 		// A PV of 512Mi; inline volumes of 100Mi and of the plugin's
 		// --inline-default-size, 256Mi.
 		{"b", ptr(9*gi + gi/2 + 100*mi + 256*mi), ptr(9 * gi), gi/2 + 100*mi + 256*mi, 3, 2, 0, 0, "v1.2.3",
 			[]string{"plugin restarted 2 times, last: Error at 2026-12-02T09:00:00Z"}},
-		{"c", nil, nil, 0, 0, 0, 0, 3, "", []string{"Node not Ready", "no podvol-node pod"}},
+		// Released volumes whose images are in its pool: one of 1Gi, and
+		// two recorded without a size (an older podvol-controller).
+		{"c", nil, nil, gi, 0, 0, 0, 3, "", []string{"Node not Ready", "no podvol-node pod"}},
 		{"d", nil, nil, 0, 0, 0, 0, 0, "", []string{"Node being deleted (node-loss waits for its Lease)", "no podvol-node pod"}},
 	} {
 		r := got[c.node]
@@ -237,7 +240,7 @@ func TestStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 5 || !strings.HasPrefix(lines[0], "NODE ") || !strings.Contains(lines[1], "9.2Gi") || !strings.Contains(lines[2], "3 (2 inline)") ||
+	if len(lines) != 5 || !strings.HasPrefix(lines[0], "NODE ") || !strings.Contains(lines[1], "9.8Gi") || !strings.Contains(lines[2], "3 (2 inline)") ||
 		!strings.HasSuffix(lines[1], "(kubectl podvol released)") {
 		t.Errorf("status table:\n%s", out.String())
 	}

@@ -3,6 +3,7 @@ package kubectlplugin
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/podvol/podvol/internal/names"
@@ -18,6 +19,9 @@ type ReleasedVolume struct {
 	Handle   string `json:"volumeHandle"`
 	Claim    string `json:"claim"`
 	Released string `json:"released"`
+	// Bytes is the volume's size, which its image keeps allocated in the
+	// node's pool; 0 in records written before node-loss kept it.
+	Bytes int64 `json:"sizeBytes"`
 	// NodeState: "back" (the Node is there and runs podvol: reclaim
 	// works), "absent", "being deleted", "not running podvol".
 	NodeState string `json:"nodeState"`
@@ -27,20 +31,22 @@ type ReleasedVolume struct {
 }
 
 // parseEntry reads what node-loss writes for a PV:
-// "volumeHandle=<h> claim=<ns>/<name> released=<RFC 3339>".
-func parseEntry(v string) (handle, claim, released string) {
+// "volumeHandle=<h> claim=<ns>/<name> released=<RFC 3339> size=<bytes>".
+func parseEntry(v string) (e ReleasedVolume) {
 	for _, f := range strings.Fields(v) {
 		k, val, _ := strings.Cut(f, "=")
 		switch k {
 		case "volumeHandle":
-			handle = val
+			e.Handle = val
 		case "claim":
-			claim = val
+			e.Claim = val
 		case "released":
-			released = val
+			e.Released = val
+		case "size":
+			e.Bytes, _ = strconv.ParseInt(val, 10, 64)
 		}
 	}
-	return handle, claim, released
+	return e
 }
 
 // nodeState says whether a released volume's node is back.
@@ -83,9 +89,9 @@ func (st *State) Released() []ReleasedVolume {
 				continue
 			}
 			seen[[2]string{node, pv}] = true
-			h, c, r := parseEntry(v)
-			out = append(out, ReleasedVolume{Node: node, PV: pv, Handle: h, Claim: c, Released: r,
-				NodeState: st.nodeState(node), Reclaim: ReclaimCommand(node, pv), Record: cm.Namespace + "/" + cm.Name})
+			e := parseEntry(v)
+			e.Node, e.PV, e.NodeState, e.Reclaim, e.Record = node, pv, st.nodeState(node), ReclaimCommand(node, pv), cm.Namespace+"/"+cm.Name
+			out = append(out, e)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {

@@ -22,8 +22,8 @@ type NodeStatus struct {
 	// PoolBytes is FreeBytes + AllocatedBytes; nil with FreeBytes when
 	// the node publishes no capacity.
 	PoolBytes *int64 `json:"poolBytes"`
-	// AllocatedBytes: the sizes of the node's PVs, inline volumes and
-	// snapshots, as the API has them.
+	// AllocatedBytes: the sizes of the node's PVs, inline volumes,
+	// snapshots and released volumes, as the API has them.
 	AllocatedBytes int64 `json:"allocatedBytes"`
 	// FreeBytes: the node's CSIStorageCapacity (what the plugin answers
 	// GetCapacity, refreshed by external-provisioner every minute).
@@ -177,15 +177,6 @@ func (st *State) freeOn(node string) *int64 {
 	return nil
 }
 
-// releasedByNode counts record entries by node.
-func (st *State) releasedByNode() map[string]int {
-	n := map[string]int{}
-	for _, r := range st.Released() {
-		n[r.Node]++
-	}
-	return n
-}
-
 func registered(cn *storagev1.CSINode) bool {
 	return cn != nil && slices.ContainsFunc(cn.Spec.Drivers, func(d storagev1.CSINodeDriver) bool { return d.Name == names.Driver })
 }
@@ -249,11 +240,17 @@ func (st *State) Status() []NodeStatus {
 			s.AllocatedBytes += c.RestoreBytes
 		}
 	}
-	released := st.releasedByNode()
+	// A released volume's image stays allocated in its node's pool until
+	// it is reclaimed.
+	for _, r := range st.Released() {
+		if s := byNode[r.Node]; s != nil {
+			s.Released++
+			s.AllocatedBytes += r.Bytes
+		}
+	}
 	for i := range st.Nodes {
 		n := &st.Nodes[i]
 		s := byNode[n.Name]
-		s.Released = released[n.Name]
 		if s.FreeBytes = st.freeOn(n.Name); s.FreeBytes != nil {
 			pool := *s.FreeBytes + s.AllocatedBytes
 			s.PoolBytes = &pool
