@@ -147,7 +147,7 @@ func Reclaim(ctx context.Context, c Clients, node, pvName string, o ReclaimOptio
 		if apierrors.IsNotFound(err) {
 			return true, nil // deleted by an earlier run
 		}
-		return err == nil && pvc.Status.Phase == corev1.ClaimBound, client(err)
+		return err == nil && pvc.Status.Phase == corev1.ClaimBound, fatal(err)
 	})
 	if err != nil {
 		return fmt.Errorf("claim %s/%s did not bind to PV %s within %s (kubectl describe pvc -n %s %s): %w", o.Namespace, name, name, o.Timeout, o.Namespace, name, err)
@@ -164,7 +164,7 @@ func Reclaim(ctx context.Context, c Clients, node, pvName string, o ReclaimOptio
 			return true, nil
 		}
 		last = pv
-		return false, client(err)
+		return false, fatal(err)
 	})
 	if err != nil {
 		why := ""
@@ -181,8 +181,8 @@ func Reclaim(ctx context.Context, c Clients, node, pvName string, o ReclaimOptio
 	return nil
 }
 
-// client stops a poll on errors other than a missing object.
-func client(err error) error {
+// fatal stops a poll on errors other than a missing object.
+func fatal(err error) error {
 	if err == nil || apierrors.IsNotFound(err) {
 		return nil
 	}
