@@ -54,6 +54,40 @@ func pluginGauges(t *testing.T, node *devcluster.Node) (map[string]int64, error)
 	return g, nil
 }
 
+// statusAgrees runs `kubectl podvol status` and compares each node's line
+// (only's, if named) with what the node's plugin exports: it returns the
+// lines, and what differs.
+func statusAgrees(t *testing.T, only string) ([]kubectlplugin.NodeStatus, string) {
+	var doc struct{ Nodes []kubectlplugin.NodeStatus }
+	podvolJSON(t, &doc, "status")
+	for _, s := range doc.Nodes {
+		if only != "" && s.Node != only {
+			continue
+		}
+		node := cluster.Node(s.Node)
+		if node == nil {
+			return nil, "status lists " + s.Node + ", not a node of the cluster"
+		}
+		g, err := pluginGauges(t, node)
+		if err != nil {
+			return nil, err.Error()
+		}
+		if s.PoolBytes == nil || s.FreeBytes == nil {
+			return nil, fmt.Sprintf("node %s: no pool or free figure: %+v", s.Node, s)
+		}
+		if *s.PoolBytes != g["capacity"] || *s.FreeBytes != g["free"] || s.AllocatedBytes != g["allocated"] {
+			return nil, fmt.Sprintf("node %s: kubectl podvol says pool %d, allocated %d, free %d; the plugin's metrics %d, %d, %d",
+				s.Node, *s.PoolBytes, s.AllocatedBytes, *s.FreeBytes, g["capacity"], g["allocated"], g["free"])
+		}
+		// Released volumes are in the pool, and no PV names them.
+		if int64(s.Volumes-s.InlineVolumes+s.Released) != g["volumes"] || int64(s.InlineVolumes) != g["inline"] || int64(s.Snapshots) != g["snapshots"] {
+			return nil, fmt.Sprintf("node %s: kubectl podvol counts %d volumes (%d inline), %d released and %d snapshots; the plugin %d persistent, %d inline, %d snapshots",
+				s.Node, s.Volumes, s.InlineVolumes, s.Released, s.Snapshots, g["volumes"], g["inline"], g["snapshots"])
+		}
+	}
+	return doc.Nodes, ""
+}
+
 // testKubectlPodvol: `kubectl podvol`, the kubectl plugin built from this
 // tree, run by kubectl. status lists every node with the pool's numbers the
 // node's plugin itself exports (read here from the node, which kubectl
@@ -75,31 +109,14 @@ func testKubectlPodvol(t *testing.T) {
 	// refreshes every minute, and a PV of an earlier test may still be
 	// going: compare until both sides agree.
 	eventually(t, 3*time.Minute, func() string {
-		var doc struct{ Nodes []kubectlplugin.NodeStatus }
-		podvolJSON(t, &doc, "status")
-		if len(doc.Nodes) != len(cluster.Nodes) {
-			return fmt.Sprintf("status lists %d nodes, the cluster has %v", len(doc.Nodes), cluster.NodeNames())
+		nodes, why := statusAgrees(t, "")
+		if why != "" {
+			return why
 		}
-		for _, s := range doc.Nodes {
-			node := cluster.Node(s.Node)
-			if node == nil {
-				return "status lists " + s.Node + ", not a node of the cluster"
-			}
-			g, err := pluginGauges(t, node)
-			if err != nil {
-				return err.Error()
-			}
-			if s.PoolBytes == nil || s.FreeBytes == nil {
-				return fmt.Sprintf("node %s: no pool or free figure: %+v", s.Node, s)
-			}
-			if *s.PoolBytes != g["capacity"] || *s.FreeBytes != g["free"] || s.AllocatedBytes != g["allocated"] {
-				return fmt.Sprintf("node %s: kubectl podvol says pool %d, allocated %d, free %d; the plugin's metrics %d, %d, %d",
-					s.Node, *s.PoolBytes, s.AllocatedBytes, *s.FreeBytes, g["capacity"], g["allocated"], g["free"])
-			}
-			if int64(s.Volumes-s.InlineVolumes) != g["volumes"] || int64(s.InlineVolumes) != g["inline"] || int64(s.Snapshots) != g["snapshots"] {
-				return fmt.Sprintf("node %s: kubectl podvol counts %d volumes (%d inline) and %d snapshots; the plugin %d persistent, %d inline, %d snapshots",
-					s.Node, s.Volumes, s.InlineVolumes, s.Snapshots, g["volumes"], g["inline"], g["snapshots"])
-			}
+		if len(nodes) != len(cluster.Nodes) {
+			return fmt.Sprintf("status lists %d nodes, the cluster has %v", len(nodes), cluster.NodeNames())
+		}
+		for _, s := range nodes {
 			if len(s.Health) != 0 || s.Version == "" || s.Plugin == "" {
 				return fmt.Sprintf("node %s: health %q, version %q, plugin pod %q", s.Node, s.Health, s.Version, s.Plugin)
 			}
@@ -179,6 +196,20 @@ func checkReleasedAndReclaim(t *testing.T, b *devcluster.Node, pv, handle, claim
 		t.Errorf("kubectl podvol released shows no reclaim command for %s:\n%s", pv, table)
 	}
 	image := b.PoolDir() + "/volumes/" + handle + ".img"
+	// The released volume's image is allocated in B's pool: status counts
+	// it (node-loss recorded its size) and says it is to be reclaimed.
+	eventually(t, 3*time.Minute, func() string {
+		nodes, why := statusAgrees(t, b.Name)
+		if why != "" {
+			return why
+		}
+		for _, s := range nodes {
+			if s.Node == b.Name && (s.Released != 1 || len(s.Health) != 1 || !strings.Contains(s.Health[0], "1 released volume(s) to reclaim")) {
+				return fmt.Sprintf("node %s: %d released, health %q", b.Name, s.Released, s.Health)
+			}
+		}
+		return ""
+	})
 
 	// Refused: a PV not released from that node, and a node that is not
 	// one.
