@@ -38,7 +38,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	var (
 		kubeconfig = fs.String("kubeconfig", "", "path to the kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-		context_   = fs.String("context", "", "the kubeconfig context to use")
+		kubeCtx    = fs.String("context", "", "the kubeconfig context to use")
 		namespace  = fs.StringP("namespace", "n", "", "volumes: the claims' namespace (default: the context's)")
 		all        = fs.BoolP("all-namespaces", "A", false, "volumes: claims of every namespace")
 		output     = fs.StringP("output", "o", OutputTable, "output format: "+strings.Join(outputs, ", "))
@@ -86,7 +86,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = *kubeconfig
-	overrides := &clientcmd.ConfigOverrides{CurrentContext: *context_}
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: *kubeCtx}
 	overrides.Context.Namespace = *namespace
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
 	cfg, err := cc.ClientConfig()

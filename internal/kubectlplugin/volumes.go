@@ -1,6 +1,7 @@
 package kubectlplugin
 
 import (
+	"math"
 	"sort"
 	"strings"
 
@@ -92,7 +93,8 @@ func (st *State) used(node, claim, pod, volume string) (*int64, string) {
 				match = ps.PodRef.Namespace+"/"+ps.PodRef.Name == pod && vs.Name == volume
 			}
 			if match && vs.UsedBytes != nil {
-				v := int64(*vs.UsedBytes)
+				// A filesystem's used bytes fit in an int64.
+				v := int64(min(*vs.UsedBytes, math.MaxInt64))
 				return &v, ""
 			}
 		}
@@ -164,9 +166,7 @@ func (st *State) Volumes(f VolumeFilter) []Volume {
 		}
 		class := pv.Spec.StorageClassName
 		v.Direct = st.direct(&class, us)
-		for _, s := range snaps[v.Handle] {
-			v.Snapshots = append(v.Snapshots, s)
-		}
+		v.Snapshots = append(v.Snapshots, snaps[v.Handle]...)
 		sort.Strings(v.Snapshots)
 		out = append(out, v)
 	}
