@@ -2,12 +2,17 @@ package devcluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/podvol/podvol/internal/kubectlplugin"
 	"github.com/podvol/podvol/internal/names"
 )
 
@@ -122,11 +127,20 @@ func (c *Cluster) Demo(ctx context.Context) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.Out, "\nLook around: export KUBECONFIG=%s; kubectl -n %s get pods,pvc,volumesnapshots\nTear down: make down\n", c.Kubeconfig(), ns)
+	fmt.Fprintf(c.Out, "\nLook around: export KUBECONFIG=%s PATH=%s:%s:$PATH; kubectl -n %s get pods,pvc,volumesnapshots; kubectl podvol volumes -n %s\nTear down: make down\n",
+		c.Kubeconfig(), filepath.Dir(c.Kubectl()), c.KubectlPodvolDir(), ns, ns)
+	// The admin's view of the pools the demo used, through the kubectl
+	// plugin (docs/operations.md, "kubectl podvol"), once it has caught up.
+	if err := c.capacityCaughtUp(ctx); err != nil {
+		fmt.Fprintf(c.Out, "\n(%v)\n", err)
+	}
+	fmt.Fprintf(c.Out, "\n$ kubectl podvol status\n")
+	out, _, statusErr := c.KubectlPodvol(ctx, nil, "status")
+	fmt.Fprint(c.Out, out)
 	if failed > 0 {
 		return fmt.Errorf("%d of %d lifecycles failed", failed, len(steps))
 	}
-	return nil
+	return statusErr
 }
 
 // where tells on which node and in which image file a PVC's volume lives.
@@ -403,4 +417,48 @@ func (c *Cluster) poolOf(node string) string {
 		return n.PoolDir()
 	}
 	return "(node " + node + " is not one of the dev cluster's)"
+}
+
+var poolCapacity = regexp.MustCompile(`(?m)^podvol_pool_capacity_bytes(?:\{[^}]*\})? (\S+)$`)
+
+// capacityCaughtUp waits until the pool size kubectl podvol shows for each
+// node (free space from CSIStorageCapacity plus what the API says is
+// allocated) is the size the node's plugin exports: external-provisioner
+// refreshes CSIStorageCapacity every minute, so right after the demo's last
+// resize the free space it shows is behind.
+func (c *Cluster) capacityCaughtUp(ctx context.Context) error {
+	return waitFor("the pools' free space in CSIStorageCapacity, refreshed every minute", 90*time.Second, func() error {
+		out, _, err := c.KubectlPodvol(ctx, nil, "status", "-o", "json")
+		if err != nil {
+			return err
+		}
+		var doc struct{ Nodes []kubectlplugin.NodeStatus }
+		if err := json.Unmarshal([]byte(out), &doc); err != nil {
+			return err
+		}
+		for _, s := range doc.Nodes {
+			n := c.Node(s.Node)
+			if n == nil {
+				continue
+			}
+			page, err := n.FetchMetrics(ctx, PluginMetrics)
+			if err != nil {
+				return err
+			}
+			m := poolCapacity.FindStringSubmatch(page)
+			if m == nil {
+				return fmt.Errorf("node %s's plugin exports no pool capacity", s.Node)
+			}
+			want, _ := strconv.ParseFloat(m[1], 64)
+			if s.PoolBytes == nil {
+				time.Sleep(2 * time.Second)
+				return fmt.Errorf("node %s publishes no capacity: %w", s.Node, errNotYet)
+			}
+			if *s.PoolBytes != int64(want) {
+				time.Sleep(2 * time.Second)
+				return fmt.Errorf("node %s: free + allocated is %d bytes, its pool %d: %w", s.Node, *s.PoolBytes, int64(want), errNotYet)
+			}
+		}
+		return nil
+	})
 }

@@ -111,6 +111,30 @@ func (c *Cluster) Kubeconfig() string { return filepath.Join(c.Dir, "admin.kubec
 // Kubectl is the path of the kubectl binary the cluster uses.
 func (c *Cluster) Kubectl() string { return c.bins["kubectl"] }
 
+// KubectlPodvol runs `kubectl podvol args...` as an admin would: kubectl
+// finds the plugin, the kubectl-podvol built from this tree, on the PATH. It
+// returns the standard output and error apart (-o json is parsed from the
+// first).
+func (c *Cluster) KubectlPodvol(ctx context.Context, stdin io.Reader, args ...string) (stdout, stderr string, err error) {
+	// kubectl finds a plugin only by the words before the first flag, so
+	// the kubeconfig goes in the environment.
+	cmd := exec.CommandContext(ctx, c.bins["kubectl"], append([]string{"podvol"}, args...)...)
+	cmd.Dir = c.Repo
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig(),
+		"PATH="+c.KubectlPodvolDir()+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.Stdin = stdin
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), errb.String(), fmt.Errorf("kubectl podvol %s: %w\n%s", strings.Join(args, " "), err, errb.String())
+	}
+	return out.String(), errb.String(), nil
+}
+
+// KubectlPodvolDir is the directory of the kubectl-podvol the cluster built:
+// on the PATH, kubectl runs it for `kubectl podvol`.
+func (c *Cluster) KubectlPodvolDir() string { return filepath.Dir(c.bins["kubectl-podvol"]) }
+
 // Kubelet GETs path from the node's kubelet API (e.g. /stats/summary) as
 // the cluster's admin.
 func (n *Node) Kubelet(ctx context.Context, path string) ([]byte, error) {
@@ -283,14 +307,18 @@ func (c *Cluster) buildBinaries(ctx context.Context) error {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return err
 	}
-	c.p.note("building pause")
-	cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", "-s -w", "-o", filepath.Join(bin, "pause"), "./internal/devcluster/pause")
-	cmd.Dir = c.Repo
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./internal/devcluster/pause: %w\n%s", err, out)
+	// pause, and kubectl podvol for the demo and the tests (not in an
+	// image: it runs on the machine, as an admin's would).
+	for name, pkg := range map[string]string{"pause": "./internal/devcluster/pause", "kubectl-podvol": "./cmd/kubectl-podvol"} {
+		c.p.note("building %s", name)
+		cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", "-s -w -X main.version=dev", "-o", filepath.Join(bin, name), pkg)
+		cmd.Dir = c.Repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
+		}
+		c.bins[name] = filepath.Join(bin, name)
 	}
-	c.bins["pause"] = filepath.Join(bin, "pause")
 	// podvol's binaries as `make images` compiles them (internal/images).
 	b, err := c.imageBuild()
 	if err != nil {

@@ -385,6 +385,11 @@ func TestNodeLossRecordsReleasedVolumes(t *testing.T) {
 	if len(cm.Data) != 2 || !strings.Contains(cm.Data["pv-data-db-0"], "volumeHandle=pv-data-db-0 claim="+ns+"/data-db-0") {
 		t.Fatalf("record of the released volumes: %v", cm.Data)
 	}
+	// The size too: the image stays in the node's pool, allocated, and
+	// kubectl podvol counts it there once the node is back.
+	if !strings.Contains(cm.Data["pv-data-db-0"], fmt.Sprintf(" size=%d", 1<<30)) {
+		t.Fatalf("record of pv-data-db-0 (1Gi) names no size: %q", cm.Data["pv-data-db-0"])
+	}
 	if v, ok := releasedGauge(t, "n1"); ok {
 		t.Fatalf("podvol_node_loss_released_volumes{node=n1} = %v while the node is gone", v)
 	}

@@ -105,6 +105,8 @@ func TestCluster(t *testing.T) {
 		{"Capacity", testCapacity},
 		{"MetricsMatchVolumes", testMetricsMatchVolumes},
 		{"Prometheus", testPrometheus},
+		// It compares every node's pool with what its plugin exports.
+		{"KubectlPodvol", testKubectlPodvol},
 		{"PerNodeRouting", testPerNodeRouting},
 		{"DrainWithSomewhereToGo", testDrainWithSomewhereToGo},
 		{"NodeLost", testNodeLost},
@@ -250,6 +252,16 @@ spec:
 
 func waitPod(t *testing.T, ns, name string) {
 	t.Helper()
+	// A controller's pod (a StatefulSet's) appears a moment after its
+	// owner is applied, and kubectl wait fails at once on a pod that is
+	// not there.
+	eventually(t, time.Minute, func() string {
+		out, err := cluster.RunKubectl(ctx(t), "-n", ns, "get", "pod", name, "--ignore-not-found", "-o", "name")
+		if err != nil || strings.TrimSpace(out) == "" {
+			return fmt.Sprintf("no pod %s/%s yet (%v)", ns, name, err)
+		}
+		return ""
+	})
 	must(t, "pod "+name+" ready", cluster.WaitPod(ctx(t), ns, name, 4*time.Minute))
 }
 

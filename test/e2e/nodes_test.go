@@ -140,7 +140,8 @@ func testDrainWithSomewhereToGo(t *testing.T) {
 // period (5 minutes as deploy/base ships it), and not before: this test
 // takes over 5 minutes. The pod then runs on another node with a new
 // volume. B comes back under its name: what was released is written down,
-// announced on the Node, and its image is still in B's pool.
+// announced on the Node, and its image is still in B's pool, until `kubectl
+// podvol reclaim` deletes it.
 func testNodeLost(t *testing.T) {
 	n := ns(t)
 	b := cluster.Nodes[len(cluster.Nodes)-1]
@@ -218,6 +219,8 @@ func testNodeLost(t *testing.T) {
 	if _, err := os.Stat(b.PoolDir() + "/volumes/" + oldHandle + ".img"); err != nil {
 		t.Fatalf("the released volume's image on %s: %v", b.Name, err)
 	}
+	// What an admin does next (docs/operations.md, "kubectl podvol").
+	checkReleasedAndReclaim(t, b, oldPV, oldHandle, n+"/data-db-0")
 }
 
 // nodeLossGrace is the --node-loss-grace-period podvol-controller runs with.

@@ -134,7 +134,7 @@ func recordSize(data map[string]string) int {
 // recordReleased writes the PVs about to be released into their node's
 // records, beside what earlier releases wrote: each record is filled up to
 // RecordBytes, then a new one is made. Keys are PV names; values say which
-// volume, which claim and when.
+// volume, which claim, when and its size.
 func (r *Reconciler) recordReleased(ctx context.Context, nodeName string, pvs []*corev1.PersistentVolume) error {
 	if r.Namespace == "" || len(pvs) == 0 {
 		return nil
@@ -161,7 +161,10 @@ func (r *Reconciler) recordReleased(ctx context.Context, nodeName string, pvs []
 		if ref := pv.Spec.ClaimRef; ref != nil {
 			claim = ref.Namespace + "/" + ref.Name
 		}
-		todo = append(todo, entry{pv.Name, fmt.Sprintf("volumeHandle=%s claim=%s released=%s", pv.Spec.CSI.VolumeHandle, claim, now)})
+		// The size: the image stays allocated in the node's pool until it is
+		// reclaimed, and nothing else in the API has it then.
+		size := pv.Spec.Capacity[corev1.ResourceStorage]
+		todo = append(todo, entry{pv.Name, fmt.Sprintf("volumeHandle=%s claim=%s released=%s size=%d", pv.Spec.CSI.VolumeHandle, claim, now, size.Value())})
 	}
 	labels := map[string]string{names.ReleasedLabel: "true", names.ReleasedNodeLabel: ReleasedNodeLabelValue(nodeName),
 		"app.kubernetes.io/managed-by": "podvol-controller"}
