@@ -10,7 +10,7 @@ GO ?= go
 # race detector needs cgo (and gcc).
 export CGO_ENABLED ?= 0
 
-.PHONY: all help build test test-host test-cluster check vet lint fuzz bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-slow
+.PHONY: all help build generate test test-host test-cluster check vet lint fuzz bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-slow
 
 all: build
 
@@ -23,6 +23,12 @@ build: ## bin/podvol-plugin, bin/podvol-controller, bin/podvol-dev (version stam
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-plugin ./cmd/podvol-plugin
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-controller ./cmd/podvol-controller
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-dev ./cmd/podvol-dev
+
+# deploy/base is charts/podvol rendered with its default values (helm
+# template, Helm built from Go modules by tools/helm/build.sh: ~4 minutes
+# the first time); make check fails when they differ (internal/chart).
+generate: ## write deploy/base from charts/podvol (helm template, default values)
+	$(GO) run ./internal/chart/generate
 
 # Debian packages the tests and the dev cluster need (root). Only what is
 # missing is installed, so that make test can depend on it and still start
@@ -86,8 +92,12 @@ TEST_SUMMARY = $(GO) run ./test/internal/testsummary
 REQUIRE_MICROVM = $(if $(filter 1,$(PODVOL_REQUIRE_MICROVM)),-require-run ./test/microvm)
 
 # Quick checks that need no root: gofmt, go vet, golangci-lint, and the unit
-# tests with -race.
-check: vet lint ## vet, lint and the unit tests with -race: no root, no cluster
+# tests with -race. Among them internal/chart's: helm lint, helm template
+# with the default values (deploy/base must be what it renders) and with
+# every value set, and bad values refused by the chart's schema; Helm is
+# built first (cached), outside the tests' timeout.
+check: vet lint ## vet, lint and the unit tests with -race (the Helm chart's checks too): no root, no cluster
+	@GO='$(GO)' tools/helm/build.sh >/dev/null
 	$(TEST_SUMMARY) -- env CGO_ENABLED=1 TMPDIR=$(CHECK_TMPDIR) $(GO) test -json -race -count=1 -timeout 5m $(UNIT_PKGS)
 
 # Every test. Needs root; installs the Debian packages it needs (deps) first,
