@@ -25,8 +25,8 @@ build: ## bin/podvol-plugin, bin/podvol-controller, bin/podvol-dev (version stam
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-dev ./cmd/podvol-dev
 
 # deploy/base is charts/podvol rendered with its default values (helm
-# template, Helm built from Go modules by tools/helm/build.sh: ~4 minutes
-# the first time); make check fails when they differ (internal/chart).
+# template, Helm built from Go modules by tools/helm/build.sh the first
+# time); make check fails when they differ (internal/chart).
 generate: ## write deploy/base from charts/podvol (helm template, default values)
 	$(GO) run ./internal/chart/generate
 
