@@ -10,7 +10,7 @@ GO ?= go
 # race detector needs cgo (and gcc).
 export CGO_ENABLED ?= 0
 
-.PHONY: all help build images test test-host test-cluster check vet lint prometheus-tools fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-chaos conformance-slow
+.PHONY: all help build generate images test test-host test-cluster check vet lint prometheus-tools fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-chaos conformance-slow
 
 all: build
 
@@ -35,6 +35,12 @@ IMAGE_PLATFORMS ?= amd64,arm64
 IMAGE_CACHE ?= /var/cache/podvol/debian
 images: ## bin/images/podvol-{plugin,controller}.oci.tar for IMAGE_PLATFORMS (no Docker)
 	$(GO) run ./cmd/podvol-images -version '$(VERSION)' -platforms '$(IMAGE_PLATFORMS)' -cache '$(IMAGE_CACHE)' -out bin/images
+
+# deploy/base is charts/podvol rendered with its default values (helm
+# template, Helm built from Go modules by tools/helm/build.sh the first
+# time); make check fails when they differ (internal/chart).
+generate: ## write deploy/base from charts/podvol (helm template, default values)
+	$(GO) run ./internal/chart/generate
 
 # Debian packages the tests and the dev cluster need (root). Only what is
 # missing is installed, so that make test can depend on it and still start
@@ -106,8 +112,12 @@ prometheus-tools: ## build prometheus and promtool (tools/prometheus) into the c
 	@GO='$(GO)' tools/prometheus/build.sh >/dev/null
 
 # Quick checks that need no root: gofmt, go vet, golangci-lint, and the unit
-# tests with -race.
-check: vet lint prometheus-tools ## vet, lint and the unit tests with -race: no root, no cluster
+# tests with -race. Among them internal/chart's: helm lint, helm template
+# with the default values (deploy/base must be what it renders) and with
+# every value set, and bad values refused by the chart's schema; Helm is
+# built first (cached), outside the tests' timeout.
+check: vet lint prometheus-tools ## vet, lint and the unit tests with -race (the Helm chart's checks too): no root, no cluster
+	@GO='$(GO)' tools/helm/build.sh >/dev/null
 	$(TEST_SUMMARY) -- env CGO_ENABLED=1 TMPDIR=$(CHECK_TMPDIR) $(GO) test -json -race -count=1 -timeout 5m $(UNIT_PKGS)
 
 # Every test. Needs root; installs the Debian packages it needs (deps) first,

@@ -26,8 +26,9 @@ func main() {
 	dir := flag.String("dir", devcluster.DefaultDir(), "directory holding all of the cluster's state (PODVOL_DEV_DIR)")
 	pool := flag.String("pool-size", "20Gi", "size of the XFS image backing the first node's pool (each next node's is smaller)")
 	nodes := flag.Int("nodes", devcluster.DefaultNodes, "how many nodes a new cluster has")
-	grace := flag.Duration("node-loss-grace", 0, "podvol-controller's --node-loss-grace-period, patched over deploy/base's (0: deploy/base's)")
+	grace := flag.Duration("node-loss-grace", 0, "podvol-controller's --node-loss-grace-period, set over the chart's default (0: the default, 5m)")
 	prom := flag.Bool("prometheus", false, "up: also start a Prometheus on the host scraping podvol with the documented scrape configs and alert rules (docs/operations.md)")
+	kustomize := flag.Bool("kustomize", false, "deploy podvol with kustomize (deploy/base under an overlay) instead of installing charts/podvol with Helm")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: podvol-dev [flags] up|demo|down\n")
@@ -49,7 +50,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	c := devcluster.New(devcluster.Config{Dir: *dir, PoolSize: q.Value(), Nodes: *nodes, NodeLossGrace: *grace})
+	c := devcluster.New(devcluster.Config{Dir: *dir, PoolSize: q.Value(), Nodes: *nodes, NodeLossGrace: *grace, Kustomize: *kustomize})
 	switch flag.Arg(0) {
 	case "up":
 		if err = c.Up(ctx); err == nil && *prom {

@@ -1,11 +1,14 @@
 package devcluster
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/podvol/podvol/internal/chart"
 )
 
 func TestGracePatchReplacesTheFlagOfDeployBase(t *testing.T) {
@@ -77,5 +80,34 @@ func TestLoopMountsButKeepsTheClusterDirsFilesystem(t *testing.T) {
 	got := loopMountsBut(mountinfo, "/var/lib/podvol-dev/nodes/1/pool")
 	if strings.Join(got, "|") != "/tmp/other" {
 		t.Fatalf("got %q, want only /tmp/other", got)
+	}
+}
+
+// The dev cluster's values render the chart with the images it builds and
+// its grace period, every sidecar included.
+func TestValuesRenderTheLocalImages(t *testing.T) {
+	repo := filepath.Join("..", "..")
+	c := &Cluster{Config: Config{Repo: repo, NodeLossGrace: time.Minute}, podvolTag: "dev-0123"}
+	f := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(f, []byte(c.values()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	helm, err := chart.Helm(ctx, repo, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := chart.Template(ctx, helm, repo, "--values", f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`image: "localhost/podvol-plugin:dev-0123"`, `image: "localhost/podvol-controller:dev-0123"`, "- --node-loss-grace-period=1m0s"}
+	for name, v := range sidecarImages {
+		want = append(want, `image: "localhost/`+name+":"+v+`"`)
+	}
+	for _, w := range want {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("the chart rendered with the dev cluster's values has no %q:\n%s", w, c.values())
+		}
 	}
 }

@@ -39,11 +39,15 @@ type Config struct {
 	// PoolSize is the size of the XFS image backing the first node's pool;
 	// each next node's is smaller.
 	PoolSize int64
-	// NodeLossGrace, when set, replaces deploy/base's
-	// --node-loss-grace-period in the overlay, as an admin's patch would:
+	// NodeLossGrace, when set, replaces the chart's default
+	// --node-loss-grace-period (a value; a patch of the kustomize overlay),
+	// as an admin would:
 	// the e2e run waits out a lost node's grace (5 minutes by default).
 	NodeLossGrace time.Duration
-	Out           io.Writer
+	// Kustomize deploys podvol with kustomize (deploy/base under an
+	// overlay) instead of installing the Helm chart.
+	Kustomize bool
+	Out       io.Writer
 }
 
 // Cluster is one dev cluster.

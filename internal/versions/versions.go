@@ -1,7 +1,8 @@
 // Package versions is the one place podvol's Go code reads the versions of
 // what it builds and deploys beside itself. What is built comes from the
 // go.mod files under tools/ (the build scripts read their versions there);
-// deploy/base pins the sidecars' image tags. This package's test checks all
+// the Helm chart's values (charts/podvol/values.yaml) pin the sidecars'
+// image tags. This package's test checks all
 // of them against these constants, so a version is changed in one go: here,
 // then in the go.mod and manifest the test names.
 package versions
@@ -13,7 +14,7 @@ const (
 	// staging modules are its v0.x twin).
 	Kubernetes = "v1.37.2"
 	// ExternalProvisioner, ExternalResizer and ExternalSnapshotter are the
-	// CSI sidecars (tools/sidecars/go.mod, deploy/base/kustomization.yaml).
+	// CSI sidecars (tools/sidecars/go.mod, charts/podvol/values.yaml).
 	ExternalProvisioner = "v6.4.0"
 	ExternalResizer     = "v2.3.0"
 	ExternalSnapshotter = "v8.7.0"

@@ -26,8 +26,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	// A lost node's volumes are released after node-loss's grace period:
-	// 1 minute here rather than deploy/base's 5 (the same code path; a
-	// Lease lasts 40 s), as an admin's overlay would set it.
+	// 1 minute here rather than the chart's default 5 (the same code path;
+	// a Lease lasts 40 s), as an admin's values would set it.
 	cluster = devcluster.New(devcluster.Config{Out: os.Stderr, NodeLossGrace: time.Minute})
 	wasUp := cluster.Running()
 	if !wasUp {
@@ -72,6 +72,8 @@ func TestCluster(t *testing.T) {
 		run  func(*testing.T)
 	}
 	for _, c := range []test{
+		{"InstalledByTheChart", testInstalledByTheChart},
+		{"ChartEveryOptionDryRun", testChartEveryOptionDryRun},
 		{"NodesLetGoOfHostMounts", testNodesLetGoOfHostMounts},
 		{"GenericEphemeral", testGenericEphemeral},
 		{"Inline", testInline},
