@@ -47,8 +47,9 @@ func testChartEveryOptionDryRun(t *testing.T) {
 	for _, file := range order {
 		for i, doc := range docs[file] {
 			var o struct {
-				Kind     string
-				Metadata struct{ Name string }
+				APIVersion string `json:"apiVersion"`
+				Kind       string
+				Metadata   struct{ Name string }
 			}
 			if err := yaml.Unmarshal([]byte(doc), &o); err != nil || o.Kind == "" {
 				t.Errorf("%s, document %d: not an object (%v):\n%s", file, i, err, doc)
@@ -65,6 +66,13 @@ func testChartEveryOptionDryRun(t *testing.T) {
 			out, err := cluster.RunKubectl(ctx(t), "create", "--dry-run=server", "-f", f)
 			if err != nil && strings.Contains(out, "AlreadyExists") {
 				out, err = cluster.RunKubectl(ctx(t), "replace", "--dry-run=server", "-f", f)
+			}
+			// The Prometheus Operator's kinds, when this cluster does not
+			// serve them (internal/chart's TestMonitoringObjects checks
+			// what they hold).
+			if err != nil && strings.HasPrefix(o.APIVersion, "monitoring.coreos.com/") && strings.Contains(out, "no matches for kind") {
+				t.Logf("%s %s: not served by this cluster (no Prometheus Operator), not checked here", o.Kind, o.Metadata.Name)
+				continue
 			}
 			if err != nil {
 				t.Errorf("%s %s (%s): the API refuses it: %v\n%s", o.Kind, o.Metadata.Name, file, err, out)
