@@ -534,8 +534,9 @@ func TestDeployBaseNames(t *testing.T) {
 	if !found {
 		t.Errorf("no container %s in podvol-node", PluginContainer)
 	}
-	k, err := os.ReadFile("../../deploy/base/kustomization.yaml")
-	if err != nil || !strings.Contains(string(k), "namespace: "+DefaultNamespace+"}") {
+	// deploy/base is the chart rendered for its namespace.
+	k, err := os.ReadFile("../../deploy/base/node.yaml")
+	if err != nil || !strings.Contains(string(k), "namespace: "+DefaultNamespace+"\n") {
 		t.Errorf("deploy/base does not put podvol in %s (%v)", DefaultNamespace, err)
 	}
 	p, err := os.ReadFile("../../cmd/podvol-plugin/main.go")

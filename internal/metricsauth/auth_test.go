@@ -75,9 +75,16 @@ func TestFilterAgainstAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The file's first object (make generate heads it with a comment and a
+	// document separator).
 	var role rbacv1.ClusterRole
-	if err := yaml.Unmarshal([]byte(strings.Split(string(b), "\n---")[0]), &role); err != nil || role.Name != names.MetricsReaderRole {
-		t.Fatalf("the first object of rbac-metrics.yaml is not ClusterRole %s: %v", names.MetricsReaderRole, err)
+	for _, doc := range strings.Split(string(b), "\n---") {
+		if err := yaml.Unmarshal([]byte(doc), &role); err == nil && role.Kind != "" {
+			break
+		}
+	}
+	if role.Kind != "ClusterRole" || role.Name != names.MetricsReaderRole {
+		t.Fatalf("the first object of rbac-metrics.yaml is not ClusterRole %s: %s %s", names.MetricsReaderRole, role.Kind, role.Name)
 	}
 	if _, err := kc.RbacV1().ClusterRoles().Create(ctx, &role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
