@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/topology"
 )
 
 const gi = int64(1) << 30
@@ -449,7 +450,7 @@ func TestReclaimMakesTheDocumentedObjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.Annotations["pv.kubernetes.io/provisioned-by"] != names.Driver || p.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete ||
-		pvNode(p) != "n" || p.Spec.CSI.VolumeHandle != "pv-111" || p.Spec.ClaimRef.Name != "reclaim-pv-111" || p.Spec.ClaimRef.Namespace != DefaultNamespace {
+		topology.Node(p) != "n" || p.Spec.CSI.VolumeHandle != "pv-111" || p.Spec.ClaimRef.Name != "reclaim-pv-111" || p.Spec.ClaimRef.Namespace != DefaultNamespace {
 		t.Errorf("PV: %+v", p)
 	}
 	pvc, err := c.Kube.CoreV1().PersistentVolumeClaims(DefaultNamespace).Get(context.Background(), "reclaim-pv-111", metav1.GetOptions{})

@@ -14,6 +14,7 @@ import (
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/size"
 	"github.com/podvol/podvol/internal/snaphandle"
+	"github.com/podvol/podvol/internal/topology"
 )
 
 // NodeStatus is one node's line of `kubectl podvol status`.
@@ -40,21 +41,6 @@ type NodeStatus struct {
 	Version string `json:"version"`
 	Image   string `json:"image"`
 	Plugin  string `json:"pluginPod"`
-}
-
-// pvNode is the node a podvol PV lives on (its node affinity).
-func pvNode(pv *corev1.PersistentVolume) string {
-	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
-		return ""
-	}
-	for _, t := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
-		for _, e := range t.MatchExpressions {
-			if e.Key == names.TopologyKey && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
-				return e.Values[0]
-			}
-		}
-	}
-	return ""
 }
 
 func (st *State) podvolClasses() map[string]*storagev1.StorageClass {
@@ -153,7 +139,7 @@ func (st *State) contentNode(c Content) string {
 	}
 	for i := range st.PVs {
 		if c.SourceVolume != "" && st.PVs[i].Spec.CSI.VolumeHandle == c.SourceVolume {
-			return pvNode(&st.PVs[i])
+			return topology.Node(&st.PVs[i])
 		}
 	}
 	return ""
@@ -220,7 +206,7 @@ func (st *State) Status() []NodeStatus {
 		out = append(out, s)
 	}
 	for i := range st.PVs {
-		if s := byNode[pvNode(&st.PVs[i])]; s != nil {
+		if s := byNode[topology.Node(&st.PVs[i])]; s != nil {
 			s.Volumes++
 			if q, ok := st.PVs[i].Spec.Capacity[corev1.ResourceStorage]; ok {
 				s.AllocatedBytes += q.Value()

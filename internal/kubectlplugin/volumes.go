@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/topology"
 )
 
 // Volume is one line of `kubectl podvol volumes`.
@@ -145,7 +146,7 @@ func (st *State) Volumes(f VolumeFilter) []Volume {
 	var out []Volume
 	for i := range st.PVs {
 		pv := &st.PVs[i]
-		v := Volume{PV: pv.Name, Handle: pv.Spec.CSI.VolumeHandle, Phase: string(pv.Status.Phase), Node: pvNode(pv),
+		v := Volume{PV: pv.Name, Handle: pv.Spec.CSI.VolumeHandle, Phase: string(pv.Status.Phase), Node: topology.Node(pv),
 			Class: pv.Spec.StorageClassName, Pods: []string{}, Snapshots: []string{}}
 		if ref := pv.Spec.ClaimRef; ref != nil {
 			v.Claim = ref.Namespace + "/" + ref.Name

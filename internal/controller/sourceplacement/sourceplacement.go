@@ -30,6 +30,7 @@ import (
 
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/snaphandle"
+	"github.com/podvol/podvol/internal/topology"
 )
 
 // Event reasons.
@@ -597,28 +598,12 @@ func (r *Reconciler) claimNode(ctx context.Context, ns, name string) (node strin
 	if ref := pv.Spec.ClaimRef; ref == nil || ref.Namespace != ns || ref.Name != name || (ref.UID != "" && ref.UID != src.UID) {
 		return "", nil, true, nil
 	}
-	if node := affinityNode(pv); node != "" {
+	if node := topology.Node(pv); node != "" {
 		return node, nil, false, nil
 	}
 	return "", &problem{ReasonNoNode, fmt.Sprintf(
 		"its data source PersistentVolumeClaim/%s is bound to PV %s, whose node affinity names no node on %s: podvol cannot tell where to provision the clone. Give the pod a node affinity to the node that holds the source",
 		name, pv.Name, names.TopologyKey)}, false, nil
-}
-
-// affinityNode is the one node a PV's required node affinity names on the
-// topology key.
-func affinityNode(pv *corev1.PersistentVolume) string {
-	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
-		return ""
-	}
-	for _, t := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
-		for _, e := range t.MatchExpressions {
-			if e.Key == names.TopologyKey && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
-				return e.Values[0]
-			}
-		}
-	}
-	return ""
 }
 
 // snapshotNode is the node that the handle of VolumeSnapshot ns/name's
