@@ -141,6 +141,17 @@ func TestSoak(t *testing.T) {
 	dir := plugintest.TempDir(t)
 	s.rt = newRuntime(t, dir)
 	s.env = start(t, plugintest.Options{Dir: dir, NodeID: node, PoolDir: plugintest.XFSPool(t, dir, 16<<30), Args: s.rt.args()})
+	// A failed run may leave a filesystem frozen (what the soak looks
+	// for): thaw every staged one first, or the test directory's cleanup
+	// could not unmount it and its loop devices would stay.
+	t.Cleanup(func() {
+		for _, v := range s.vols {
+			if f, err := os.Open(s.staging(v.id)); err == nil {
+				_, _, _ = unix.Syscall(unix.SYS_IOCTL, f.Fd(), fithaw, 0)
+				f.Close()
+			}
+		}
+	})
 	crashes := 0
 	for trial := 1; trial <= *soakTrials; trial++ {
 		s.armed = soakFailpoints[s.rng.IntN(len(soakFailpoints))]
@@ -588,6 +599,9 @@ func rdev(t *testing.T, path string) uint64 {
 	return st.Rdev
 }
 
+// FIFREEZE and FITHAW: _IOWR('X', 119/120, int), which x/sys/unix lacks.
+const fifreeze, fithaw = 0xC0045877, 0xC0045878
+
 // freezeProbe tells whether the filesystem mounted at path is frozen: the
 // kernel refuses a second freeze with EBUSY. One that is not is frozen and
 // thawed again at once.
@@ -597,8 +611,6 @@ func freezeProbe(path string) error {
 		return err
 	}
 	defer f.Close()
-	// FIFREEZE and FITHAW: _IOWR('X', 119/120, int), which x/sys/unix lacks.
-	const fifreeze, fithaw = 0xC0045877, 0xC0045878
 	_, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fifreeze, 0)
 	if errno != 0 {
 		err = errno
