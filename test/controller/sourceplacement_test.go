@@ -365,10 +365,10 @@ func TestSourcePlacementNeedsConsumer(t *testing.T) {
 	e.placementClasses()
 	e.node("node-a")
 	e.sourceOn(ns, "golden", "podvol.io", "node-a")
-	e.restore(ns, "app-data", "podvol", fromClaim("golden"), nil)
 	e.snapshot(ns, "nightly", "snapcontent-nightly", "podvol.io", "snap-0123456789abcdef01234567@node-a", false)
-	e.restore(ns, "restored", "podvol", fromSnapshot("nightly"), nil)
 
+	// The pods first: a pod is created live, then finished or deleted, and
+	// a claim that existed meanwhile would rightly have been placed.
 	done := podWith(ns, "done", claimVol("app-data"), corev1.Volume{Name: "w", VolumeSource: corev1.VolumeSource{
 		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "restored"}}})
 	e.must(e.c.Create(bg, done))
@@ -379,6 +379,11 @@ func TestSourcePlacementNeedsConsumer(t *testing.T) {
 	e.must(e.c.Delete(bg, going))
 	// Its ephemeral volume "data" would be claim app-data, were it the pod's.
 	e.must(e.c.Create(bg, podWith(ns, "app", ephemeralVol("data"))))
+	// podvol-controller's cache sees pods and claims through two watches:
+	// give the pods' last states time to arrive before the claims do.
+	time.Sleep(2 * time.Second)
+	e.restore(ns, "app-data", "podvol", fromClaim("golden"), nil)
+	e.restore(ns, "restored", "podvol", fromSnapshot("nightly"), nil)
 	e.never("a claim with no consumer placed", func() bool { return !e.untouched(ns, "app-data") || !e.untouched(ns, "restored") })
 	if ev := e.events(ns, "app-data") + e.events(ns, "restored"); ev != "" {
 		t.Fatalf("events on claims with no consumer: %s", ev)
