@@ -38,8 +38,8 @@ func attachElsewhere(t *testing.T, over, from, name string) (dev string, detach 
 		}
 		done = true
 		// Only while it is still ours: a number freed meanwhile may
-		// serve someone else's file now.
-		if strings.HasPrefix(dev, "/dev/loop") && backingOf(dev) == filepath.Join(over, name) {
+		// serve someone else's file now. Ours may have been deleted.
+		if strings.HasPrefix(dev, "/dev/loop") && strings.TrimSuffix(backingOf(dev), " (deleted)") == filepath.Join(over, name) {
 			_ = exec.Command("losetup", "-d", dev).Run()
 		}
 		_ = cmd.Process.Kill()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -250,6 +251,12 @@ func (p *Plugin) Upgrade(args ...string) {
 }
 
 // Leftovers lists loop devices backed by files below dir and mounts below dir.
+// A loop device counts when the kernel reports its backing file below dir or
+// when it was attached under a name below dir: the kernel reports the file
+// as a path in the reader's mount namespace, and a file attached through a
+// mount that is gone from every namespace (a test's private namespace that
+// ended) is reported relative to that mount, e.g. "/volumes/pv-….img
+// (deleted)", which no prefix of dir matches.
 func Leftovers(dir string) (loops, mounts []string) {
 	ents, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, e := range ents {
@@ -257,8 +264,10 @@ func Leftovers(dir string) (loops, mounts []string) {
 		if err != nil {
 			continue
 		}
-		if f := strings.TrimSpace(string(b)); strings.HasPrefix(f, dir+"/") {
-			loops = append(loops, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(e)))+" ("+f+")")
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(e)))
+		f := strings.TrimSpace(string(b))
+		if strings.HasPrefix(f, dir+"/") || strings.HasPrefix(loopName(dev), dir+"/") {
+			loops = append(loops, dev+" ("+f+")")
 		}
 	}
 	ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
@@ -266,6 +275,21 @@ func Leftovers(dir string) (loops, mounts []string) {
 		mounts = append(mounts, m.Mountpoint)
 	}
 	return loops, mounts
+}
+
+// loopName is the name dev was attached under (lo_file_name, at most 63
+// bytes), "" if it cannot be read.
+func loopName(dev string) string {
+	f, err := os.Open(dev)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(info.File_name[:])
 }
 
 // TempDir returns a test directory that is checked for leftovers and cleaned
