@@ -10,7 +10,7 @@ GO ?= go
 # race detector needs cgo (and gcc).
 export CGO_ENABLED ?= 0
 
-.PHONY: all help build generate images test test-host test-cluster check vet lint prometheus-tools fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-chaos conformance-slow
+.PHONY: all help build generate images align test test-host test-cluster check vet lint prometheus-tools fuzz soak bench bench-microvm bench-startup bench-datapath clean deps demo up down conformance conformance-chaos conformance-slow
 
 all: build
 
@@ -103,6 +103,13 @@ lint: ## golangci-lint over the whole module (.golangci.yml)
 TEST_SUMMARY = $(GO) run ./test/internal/testsummary
 REQUIRE_MICROVM = $(if $(filter 1,$(PODVOL_REQUIRE_MICROVM)),-require-run ./test/microvm)
 
+# podvol's module and the tool modules (Kubernetes, the sidecars, Helm,
+# Prometheus, the e2e suite) must compile one version of every module they
+# share, or a cold build compiles client-go and everything below it once per
+# version (tools/align.sh, which aligns them when run without --check).
+align: ## check that podvol and tools/* compile one version of each shared module
+	@GO='$(GO)' tools/align.sh --check
+
 # prometheus, promtool and promqlnames at the version tools/prometheus/go.mod
 # pins, built from Go modules into a cache by tools/prometheus/build.sh
 # (4-8 minutes the first time): internal/monitoring's unit tests run them (the
@@ -123,9 +130,9 @@ check: vet lint prometheus-tools ## vet, lint and the unit tests with -race (the
 # Every test. Needs root; installs the Debian packages it needs (deps) first,
 # so that it runs on a fresh machine by itself. Two chains run at once (the
 # dev cluster's mostly waits on pods, the host's mostly compiles):
-# - test-host: make check, the fuzz run, then every package that needs no
-#   cluster: internal/device, csi-sanity (ext4, xfs, block), the crash and
-#   real-device tests, envtest suites, the microVM guest;
+# - test-host: align, make check, the fuzz run, then every package that
+#   needs no cluster: internal/device, csi-sanity (ext4, xfs, block), the
+#   crash and real-device tests, envtest suites, the microVM guest;
 # - test-cluster: the end-to-end package on the dev cluster, with the
 #   conformance suite's build beside it, then make conformance.
 # Their output is interleaved line by line; each ends with its own summary.
@@ -135,7 +142,7 @@ test: deps ## every test: check, fuzz, the host packages and the cluster ones (r
 CLUSTER_PKGS := ./test/e2e
 HOST_PKGS = $(filter-out $(UNIT_PKGS) %/test/e2e,$(shell $(GO) list ./...))
 
-test-host: check fuzz ## make test's host chain: check, fuzz, every package needing no cluster (root)
+test-host: align check fuzz ## make test's host chain: check, fuzz, every package needing no cluster (root)
 	$(TEST_SUMMARY) $(REQUIRE_MICROVM) -- $(GO) test -json -count=1 -timeout 60m $(HOST_PKGS)
 
 test-cluster: ## make test's cluster chain: the e2e tests, then make conformance (root)
