@@ -9,11 +9,13 @@ import (
 	"syscall"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/pool"
 )
 
 // PoolState is what a node's pool holds and serves at one moment: its
 // images, the loop devices attached to them (matched by device and inode:
-// the plugin attached them inside its container, where the path differs),
+// the plugin attached them inside its container, where the path differs;
+// or, for an image deleted under its device, by the pool's tag),
 // and the node's mounts of those loop devices.
 type PoolState struct {
 	Images []string // below the pool: volumes/pv-….img, snapshots/snap-….img
@@ -50,11 +52,20 @@ func (n *Node) PoolState(ctx context.Context) (PoolState, error) {
 	if err != nil {
 		return s, err
 	}
+	// A device whose image was deleted has no inode left to match: the
+	// pool's tag, which the plugin gives each device it attaches, names it.
+	tag, err := pool.LoopTag(filepath.Join(n.PoolDir(), "volumes"))
+	if err != nil && !os.IsNotExist(err) {
+		return s, err
+	}
 	ours := map[string]bool{}
-	for dev := range loops {
+	for dev, file := range loops {
 		d, ino, err := device.LoopInode(dev)
 		if img, ok := byInode[[2]uint64{d, ino}]; err == nil && ok {
 			s.Loops = append(s.Loops, dev+" ("+img+")")
+			ours[dev] = true
+		} else if tag != "" && device.LoopTag(dev) == tag {
+			s.Loops = append(s.Loops, dev+" ("+file+")")
 			ours[dev] = true
 		}
 	}

@@ -95,11 +95,9 @@ func Open(cfg Config) (*Pool, error) {
 			return nil, err
 		}
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(p.volDir, &st); err != nil {
-		return nil, fmt.Errorf("pool %s: %w", p.volDir, err)
+	if p.loopTag, err = LoopTag(p.volDir); err != nil {
+		return nil, err
 	}
-	p.loopTag = fmt.Sprintf("podvol pool %d:%d", st.Dev, st.Ino)
 	p.reflink = p.dev.CanReflink(p.volDir)
 	if p.reflink {
 		klog.InfoS("Pool filesystem supports reflink: snapshots and clones share extents and take constant time", "dir", dir)
@@ -518,6 +516,18 @@ func (p *Pool) LoopImage(dev, backing string) (id, detachAs string, ours bool) {
 // (whatever path its plugin's mount namespace shows it at) and which only
 // changes with the directory itself.
 func (p *Pool) LoopTag() string { return p.loopTag }
+
+// LoopTag is the name a pool whose volume directory is volDir gives each
+// loop device it attaches: the directory's device and inode, the same in
+// every mount namespace, so that a device whose image is deleted (whose
+// backing file no longer resolves) is still known as this pool's.
+func LoopTag(volDir string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(volDir, &st); err != nil {
+		return "", fmt.Errorf("pool %s: %w", volDir, err)
+	}
+	return fmt.Sprintf("podvol pool %d:%d", st.Dev, st.Ino), nil
+}
 
 // deletedSuffix ends the path the kernel reports for a loop device's
 // backing file that was deleted.

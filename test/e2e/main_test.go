@@ -100,6 +100,8 @@ func TestCluster(t *testing.T) {
 	for _, c := range []test{
 		// It replaces every podvol pod while volumes are in use.
 		{"RolloutRestart", testRolloutRestart},
+		// It uninstalls podvol, installs the previous release, upgrades.
+		{"Upgrade", testUpgrade},
 		// It stops podvol-controller for a while.
 		{"PlacementBeforeScheduling", testPlacementBeforeScheduling},
 		// It makes podvol's class the cluster's default for a while.
@@ -301,24 +303,33 @@ func podNode(t *testing.T, ns, pod string) *devcluster.Node {
 // crash, or a probe that fails (as a liveness probe aimed at the wrong
 // address does on a real cluster), shows only as restarts.
 func checkNoRestarts() int {
-	out, err := cluster.Get(context.Background(), "podvol-system", "pods",
-		`{range .items[*]}{.metadata.name}{range .status.containerStatuses[*]}{" "}{.name}={.restartCount}{end}{"\n"}{end}`)
+	out, restarted, err := podvolRestarts(context.Background())
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "listing podvol's pods: %v\n", err)
 		return 1
 	}
-	bad := false
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		for _, f := range strings.Fields(line)[1:] {
-			if !strings.HasSuffix(f, "=0") {
-				bad = true
-			}
-		}
-	}
-	if bad || strings.TrimSpace(out) == "" {
+	if restarted {
 		fmt.Fprintf(os.Stderr, "podvol's containers restarted during the run (container=restarts per pod):\n%s\n", out)
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "podvol's containers: no restarts\n%s\n", out)
 	return 0
+}
+
+// podvolRestarts lists podvol's pods with each container's restarts
+// (container=restarts) and says whether one restarted, or there is none.
+func podvolRestarts(ctx context.Context) (out string, restarted bool, err error) {
+	out, err = cluster.Get(ctx, "podvol-system", "pods",
+		`{range .items[*]}{.metadata.name}{range .status.containerStatuses[*]}{" "}{.name}={.restartCount}{end}{"\n"}{end}`)
+	if err != nil {
+		return "", false, err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		for _, f := range strings.Fields(line)[1:] {
+			if !strings.HasSuffix(f, "=0") {
+				restarted = true
+			}
+		}
+	}
+	return out, restarted || strings.TrimSpace(out) == "", nil
 }

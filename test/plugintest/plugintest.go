@@ -18,9 +18,10 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/podvol/podvol/internal/device"
 )
 
 var (
@@ -266,7 +267,7 @@ func Leftovers(dir string) (loops, mounts []string) {
 		}
 		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(e)))
 		f := strings.TrimSpace(string(b))
-		if strings.HasPrefix(f, dir+"/") || strings.HasPrefix(loopName(dev), dir+"/") {
+		if strings.HasPrefix(f, dir+"/") || strings.HasPrefix(device.LoopTag(dev), dir+"/") {
 			loops = append(loops, dev+" ("+f+")")
 		}
 	}
@@ -275,21 +276,6 @@ func Leftovers(dir string) (loops, mounts []string) {
 		mounts = append(mounts, m.Mountpoint)
 	}
 	return loops, mounts
-}
-
-// loopName is the name dev was attached under (lo_file_name, at most 63
-// bytes), "" if it cannot be read.
-func loopName(dev string) string {
-	f, err := os.Open(dev)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
-	if err != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(info.File_name[:])
 }
 
 // TempDir returns a test directory that is checked for leftovers and cleaned
