@@ -352,6 +352,41 @@ func (c *Cluster) imageBuild() (images.Build, error) {
 	return b, nil
 }
 
+// writePodvolImages writes podvol's two images of this machine's
+// architecture, built from bins as `make images` builds them (the plugin's
+// programs from Debian packages), to dir as <name>.oci.tar, tagged
+// prefix-<their content's hash>: deploying a changed podvol rolls its pods
+// out. It returns the tag and the archives.
+func (c *Cluster) writePodvolImages(ctx context.Context, b images.Build, bins map[string]string, prefix, dir string) (string, []string, error) {
+	tools, err := images.PluginTools(ctx, runtime.GOARCH, images.DefaultCache, c.p.note)
+	if err != nil {
+		return "", nil, fmt.Errorf("the plugin image: %w", err)
+	}
+	podvol := map[string]ociimage.Image{
+		images.Plugin:     b.PluginImage(runtime.GOARCH, bins[images.Plugin], tools),
+		images.Controller: b.ControllerImage(runtime.GOARCH, bins[images.Controller]),
+	}
+	h := sha256.New()
+	for _, name := range []string{images.Plugin, images.Controller} {
+		layer, err := podvol[name].Layer()
+		if err != nil {
+			return "", nil, fmt.Errorf("image %s: %w", name, err)
+		}
+		h.Write(layer)
+	}
+	tag := fmt.Sprintf("%s-%x", prefix, h.Sum(nil)[:6])
+	var archives []string
+	for _, name := range []string{images.Plugin, images.Controller} {
+		ref := "localhost/" + name + ":" + tag
+		archive := filepath.Join(dir, name+".oci.tar")
+		if _, err := ociimage.WriteArchive(archive, ref, b.Labels(name), podvol[name]); err != nil {
+			return "", nil, fmt.Errorf("image %s: %w", ref, err)
+		}
+		archives = append(archives, archive)
+	}
+	return tag, archives, nil
+}
+
 func (c *Cluster) buildImages(ctx context.Context) error {
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
@@ -385,38 +420,14 @@ func (c *Cluster) buildImages(ctx context.Context) error {
 			return fmt.Errorf("image %s: %w", img.ref, err)
 		}
 	}
-	// podvol's two images of this machine's architecture, as `make images`
-	// builds them: the plugin's programs from Debian packages.
 	b, err := c.imageBuild()
 	if err != nil {
 		return err
 	}
-	tools, err := images.PluginTools(ctx, runtime.GOARCH, images.DefaultCache, c.p.note)
-	if err != nil {
-		return fmt.Errorf("the plugin image: %w", err)
+	if c.podvolTag, _, err = c.writePodvolImages(ctx, b, c.bins, "dev", c.path("images")); err != nil {
+		return err
 	}
-	podvol := map[string]ociimage.Image{
-		images.Plugin:     b.PluginImage(runtime.GOARCH, c.bins[images.Plugin], tools),
-		images.Controller: b.ControllerImage(runtime.GOARCH, c.bins[images.Controller]),
-	}
-	// The tag follows the images' content (binaries and the plugin's
-	// programs), so that deploying a changed podvol rolls its pods out.
-	h := sha256.New()
-	for _, name := range []string{images.Plugin, images.Controller} {
-		layer, err := podvol[name].Layer()
-		if err != nil {
-			return fmt.Errorf("image %s: %w", name, err)
-		}
-		h.Write(layer)
-	}
-	c.podvolTag = fmt.Sprintf("dev-%x", h.Sum(nil)[:6])
-	for _, name := range []string{images.Plugin, images.Controller} {
-		ref := "localhost/" + name + ":" + c.podvolTag
-		if _, err := ociimage.WriteArchive(c.path("images", name+".oci.tar"), ref, b.Labels(name), podvol[name]); err != nil {
-			return fmt.Errorf("image %s: %w", ref, err)
-		}
-	}
-	c.p.note("%d images in %s", len(imgs)+len(podvol), c.path("images"))
+	c.p.note("%d images in %s", len(imgs)+2, c.path("images"))
 	return nil
 }
 

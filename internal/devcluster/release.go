@@ -2,7 +2,6 @@ package devcluster
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"path/filepath"
 	"runtime"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/podvol/podvol/internal/chart"
 	"github.com/podvol/podvol/internal/images"
-	"github.com/podvol/podvol/internal/ociimage"
 )
 
 // Release is one version of podvol as an admin installs it: a chart
@@ -48,32 +46,14 @@ func (c *Cluster) BuildRelease(ctx context.Context, src string) (Release, error)
 	if err != nil {
 		return Release{}, fmt.Errorf("the release at %s: %w", src, err)
 	}
-	tools, err := images.PluginTools(ctx, runtime.GOARCH, images.DefaultCache, c.p.note)
+	tag, archives, err := c.writePodvolImages(ctx, b, bins, "release", dir)
 	if err != nil {
-		return Release{}, fmt.Errorf("the plugin image: %w", err)
+		return Release{}, err
 	}
-	imgs := map[string]ociimage.Image{
-		images.Plugin:     b.PluginImage(runtime.GOARCH, bins[images.Plugin], tools),
-		images.Controller: b.ControllerImage(runtime.GOARCH, bins[images.Controller]),
-	}
-	h := sha256.New()
-	for _, name := range []string{images.Plugin, images.Controller} {
-		layer, err := imgs[name].Layer()
-		if err != nil {
-			return Release{}, fmt.Errorf("image %s: %w", name, err)
-		}
-		h.Write(layer)
-	}
-	tag := fmt.Sprintf("release-%x", h.Sum(nil)[:6])
-	for _, name := range []string{images.Plugin, images.Controller} {
-		ref := "localhost/" + name + ":" + tag
-		archive := filepath.Join(dir, name+".oci.tar")
-		if _, err := ociimage.WriteArchive(archive, ref, b.Labels(name), imgs[name]); err != nil {
-			return Release{}, fmt.Errorf("image %s: %w", ref, err)
-		}
+	for _, archive := range archives {
 		for _, n := range c.Nodes {
 			if _, err := c.run(ctx, "ctr", "-a", n.ContainerdSock(), "-n", "k8s.io", "images", "import", "--no-unpack", archive); err != nil {
-				return Release{}, fmt.Errorf("node %s: import %s: %w", n.Name, ref, err)
+				return Release{}, fmt.Errorf("node %s: import %s: %w", n.Name, archive, err)
 			}
 		}
 	}

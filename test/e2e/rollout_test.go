@@ -19,16 +19,7 @@ const writer = `(i=0; while true; do i=$((i+1)); echo "$i $(date +%s)" >> /vol/l
 // are replaced, and the restarted plugins serve new volumes.
 func testRolloutRestart(t *testing.T) {
 	n := ns(t)
-	pvc(t, n, "data", "podvol", "128Mi", "")
-	pod(t, n, "persistent", writer, "persistentVolumeClaim: {claimName: data}")
-	pod(t, n, "ephemeral", writer, ephemeralVolume)
-	pod(t, n, "inline", writer, "csi:\n  driver: podvol.io\n  volumeAttributes: {size: 64Mi}")
-	pods := []string{"persistent", "ephemeral", "inline"}
-	uids := map[string]string{}
-	for _, p := range pods {
-		waitPod(t, n, p)
-		uids[p] = get(t, n, "pod/"+p, "{.metadata.uid}")
-	}
+	pods, uids := startWriters(t, n)
 	start := time.Now()
 	time.Sleep(3 * time.Second)
 
@@ -42,15 +33,7 @@ func testRolloutRestart(t *testing.T) {
 	rolled := time.Since(start)
 	time.Sleep(3 * time.Second)
 
-	for _, p := range pods {
-		if uid := get(t, n, "pod/"+p, "{.metadata.uid}"); uid != uids[p] {
-			t.Fatalf("pod %s was replaced during the rollout (uid %s, was %s)", p, uid, uids[p])
-		}
-		if r := get(t, n, "pod/"+p, "{.status.containerStatuses[0].restartCount}"); r != "0" {
-			t.Fatalf("pod %s's container restarted %s times during the rollout", p, r)
-		}
-		checkLog(t, p, exec(t, n, p, "cat /vol/log"), time.Now())
-	}
+	stillWriting(t, n, pods, uids)
 	t.Logf("rollout of the node DaemonSet and the controller took %s; every pod kept writing", rolled.Round(time.Second))
 
 	// The new plugins serve new volumes and take the old ones down.
@@ -61,6 +44,40 @@ func testRolloutRestart(t *testing.T) {
 	}
 	for _, p := range append(pods, "after") {
 		deletePod(t, n, p)
+	}
+}
+
+// startWriters starts pods that append a numbered, timestamped line to their
+// volume's log every half second: one on a persistent claim (data), one on a
+// generic ephemeral and one on an inline volume. It returns their names and
+// UIDs once all run.
+func startWriters(t *testing.T, n string) (pods []string, uids map[string]string) {
+	t.Helper()
+	pvc(t, n, "data", "podvol", "128Mi", "")
+	pod(t, n, "persistent", writer, "persistentVolumeClaim: {claimName: data}")
+	pod(t, n, "ephemeral", writer, ephemeralVolume)
+	pod(t, n, "inline", writer, "csi:\n  driver: podvol.io\n  volumeAttributes: {size: 64Mi}")
+	pods = []string{"persistent", "ephemeral", "inline"}
+	uids = map[string]string{}
+	for _, p := range pods {
+		waitPod(t, n, p)
+		uids[p] = get(t, n, "pod/"+p, "{.metadata.uid}")
+	}
+	return pods, uids
+}
+
+// stillWriting fails unless every pod is the one it was, its container never
+// restarted, and its log has no gap and is still growing.
+func stillWriting(t *testing.T, n string, pods []string, uids map[string]string) {
+	t.Helper()
+	for _, p := range pods {
+		if uid := get(t, n, "pod/"+p, "{.metadata.uid}"); uid != uids[p] {
+			t.Fatalf("pod %s was replaced (uid %s, was %s)", p, uid, uids[p])
+		}
+		if r := get(t, n, "pod/"+p, "{.status.containerStatuses[0].restartCount}"); r != "0" {
+			t.Fatalf("pod %s's container restarted %s times", p, r)
+		}
+		checkLog(t, p, exec(t, n, p, "cat /vol/log"), time.Now())
 	}
 }
 

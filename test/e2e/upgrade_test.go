@@ -54,16 +54,7 @@ func testUpgrade(t *testing.T) {
 
 	baseline := poolCounts(t)
 	n := ns(t)
-	pvc(t, n, "data", "podvol", "128Mi", "")
-	pod(t, n, "persistent", writer, "persistentVolumeClaim: {claimName: data}")
-	pod(t, n, "ephemeral", writer, ephemeralVolume)
-	pod(t, n, "inline", writer, "csi:\n  driver: podvol.io\n  volumeAttributes: {size: 64Mi}")
-	pods := []string{"persistent", "ephemeral", "inline"}
-	uids := map[string]string{}
-	for _, p := range pods {
-		waitPod(t, n, p)
-		uids[p] = get(t, n, "pod/"+p, "{.metadata.uid}")
-	}
+	pods, uids := startWriters(t, n)
 	node := podNode(t, n, "persistent")
 	inUse := poolCounts(t)
 	time.Sleep(3 * time.Second)
@@ -157,21 +148,6 @@ func poolCounts(t *testing.T) string {
 		fmt.Fprintf(&b, "%s: %d images, %d loop devices; ", nd.Name, len(s.Images), len(s.Loops))
 	}
 	return strings.TrimSuffix(b.String(), "; ")
-}
-
-// stillWriting fails unless every pod is the one it was, its container never
-// restarted, and its log has no gap.
-func stillWriting(t *testing.T, n string, pods []string, uids map[string]string) {
-	t.Helper()
-	for _, p := range pods {
-		if uid := get(t, n, "pod/"+p, "{.metadata.uid}"); uid != uids[p] {
-			t.Fatalf("pod %s was replaced (uid %s, was %s)", p, uid, uids[p])
-		}
-		if r := get(t, n, "pod/"+p, "{.status.containerStatuses[0].restartCount}"); r != "0" {
-			t.Fatalf("pod %s's container restarted %s times", p, r)
-		}
-		checkLog(t, p, exec(t, n, p, "cat /vol/log"), time.Now())
-	}
 }
 
 // podvolImages lists the images podvol's pods run.
