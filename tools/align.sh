@@ -14,8 +14,8 @@
 #                           builds would compile differ between them
 #
 # lint is left out: golangci-lint pins its analysers' versions and shares
-# little with the others. The workspace file is temporary: the builds run
-# each module on its own (go.mod alone is what they compile).
+# little with the others. The workspace is temporary: the builds run each
+# module on its own (go.mod alone is what they compile).
 set -euo pipefail
 cd "$(dirname "$0")"
 GO=${GO:-go}
@@ -24,14 +24,14 @@ export CGO_ENABLED=0
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# The workspace (go work sync's) lives outside the repository, with absolute
+# paths: a go.work in tools/ would put every build under it in workspace mode
+# while it exists (make test runs this beside tools/e2e/build.sh).
 {
   echo "go $("$GO" env GOVERSION | sed 's/^go//')"
-  echo "use .."
-  for m in "${MODS[@]}"; do echo "use ./$m"; done
+  echo "use $(cd .. && pwd)"
+  for m in "${MODS[@]}"; do echo "use $(pwd)/$m"; done
 } >"$work/go.work"
-# Paths in a go.work are relative to it: write it here, keep it out of git.
-cp "$work/go.work" go.work
-trap 'rm -rf "$work" go.work go.work.sum' EXIT
 
 # What each build compiles: module path and version, per package built.
 F='{{with .Module}}{{if .Replace}}{{.Path}} {{.Replace.Version}}{{else}}{{.Path}} {{.Version}}{{end}}{{end}}'
@@ -65,7 +65,7 @@ scan() {
 }
 
 if [ "${1:-}" != --check ]; then
-  "$GO" work sync
+  GOWORK=$work/go.work "$GO" work sync
   # go work sync does not see through replace directives (tools/k8s and
   # e2e replace the Kubernetes staging modules): raise what is still lower
   # to the highest version, in the modules that compile it lower.
@@ -84,11 +84,9 @@ if [ "${1:-}" != --check ]; then
         done
       done
     done <<<"$bad"
-    "$GO" work sync
+    GOWORK=$work/go.work "$GO" work sync
   done
-  rm -f go.work go.work.sum
   for m in .. "${MODS[@]}"; do (cd "$m" && GOWORK=off "$GO" mod tidy); done
-  cp "$work/go.work" go.work
 fi
 
 bad=$(scan)
