@@ -238,11 +238,18 @@ func (e *env) giveBack(t *testing.T, name string, c *csi.VolumeCapability, unsta
 		e.must("NodeUnstageVolume", e.unstage(id))
 	}
 	// Discards are issued as the filesystem commits (discard), or at the
-	// next trim: give them a moment.
+	// next trim: give them a moment. xfs frees a deleted file's blocks in
+	// the background (inode garbage collection) and discards them once the
+	// log checkpoint that frees them is written, which without a sync waits
+	// for its 30 s log worker: on a loaded machine the one sync above can
+	// come before the frees. Each round syncs the volume's filesystem again.
 	var now int64
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		if now = allocated(t, img); now <= before+64<<20 || time.Now().After(deadline) {
 			break
+		}
+		if !unstage && name != "block" {
+			syncFS(t, e.target(id))
 		}
 	}
 	t.Logf("%s: image allocation %d MiB before, %d MiB after writing 1 GiB, %d MiB after deleting it", name, before>>20, full>>20, now>>20)
@@ -253,6 +260,19 @@ func (e *env) giveBack(t *testing.T, name string, c *csi.VolumeCapability, unsta
 		e.must("DeleteVolume", e.delete(id))
 	} else {
 		e.down(id)
+	}
+}
+
+// syncFS commits the filesystem holding path (syncfs(2)).
+func syncFS(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		t.Fatalf("syncfs %s: %v", path, err)
 	}
 }
 
