@@ -2,7 +2,9 @@ package devcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,7 +57,7 @@ func (n *Node) PoolState(ctx context.Context) (PoolState, error) {
 	// A device whose image was deleted has no inode left to match: the
 	// pool's tag, which the plugin gives each device it attaches, names it.
 	tag, err := pool.LoopTag(filepath.Join(n.PoolDir(), "volumes"))
-	if err != nil && !os.IsNotExist(err) {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return s, err
 	}
 	ours := map[string]bool{}

@@ -34,12 +34,15 @@ func testUpgrade(t *testing.T) {
 		t.Fatalf("the previous release, commit %s, is not in %s's history (a shallow clone? git fetch --unshallow): %v\n%s",
 			previousRelease, cluster.Repo, err, out)
 	}
+	if head, err := osexec.Command("git", "-C", cluster.Repo, "rev-parse", "HEAD").Output(); err != nil || strings.TrimSpace(string(head)) == previousRelease {
+		t.Fatalf("the previous release is the checkout itself (%s, %v): the upgrade would change nothing; pin an older commit", previousRelease, err)
+	}
 	prev, err := cluster.BuildRelease(ctx(t), src)
 	must(t, "build the previous release's images", err)
 	current := cluster.CurrentRelease()
-	if prev.Tag == current.Tag {
-		t.Fatalf("the previous release's images are the checkout's (%s): the upgrade would change nothing", prev.Tag)
-	}
+	// The namespace goes after podvol is back (cleanups run last first):
+	// its claims need a provisioner to go.
+	n := ns(t)
 	// Whatever happens, the cluster ends with the checkout's podvol.
 	t.Cleanup(func() {
 		if images := podvolImages(t); !strings.Contains(images, current.Tag) || strings.Contains(images, prev.Tag) {
@@ -53,7 +56,6 @@ func testUpgrade(t *testing.T) {
 	t.Logf("previous release (commit %.12s, images %s) installed in %s", previousRelease, prev.Tag, time.Since(start).Round(time.Second))
 
 	baseline := poolCounts(t)
-	n := ns(t)
 	pods, uids := startWriters(t, n)
 	node := podNode(t, n, "persistent")
 	inUse := poolCounts(t)
