@@ -17,6 +17,9 @@
 # little with the others. The workspace is temporary: the builds run each
 # module on its own (go.mod alone is what they compile).
 set -euo pipefail
+# A go list that fails inside $(scan) must fail the script, not drop that
+# module's lines from the comparison.
+shopt -s inherit_errexit
 cd "$(dirname "$0")"
 GO=${GO:-go}
 MODS=(k8s sidecars helm prometheus e2e)
@@ -74,13 +77,20 @@ if [ "${1:-}" != --check ]; then
     [ -n "$bad" ] || break
     while read -r line; do
       path=${line%%:*}
-      max=$(grep -oE ' v[^ ]+ ' <<<" ${line#*:} " | tr -d ' ' | sort -V | tail -1)
+      # The workspace's choice is the highest by Go's ordering (sort -V
+      # puts v1.2.0-rc.1 above v1.2.0).
+      max=$(GOWORK=$work/go.work "$GO" list -m -f '{{if .Replace}}{{.Replace.Version}}{{else}}{{.Version}}{{end}}' "$path")
       grep -oE 'v[^ ]+ \([^)]*\)' <<<"${line#*:}" | while read -r v mods; do
         [ "$v" != "$max" ] || continue
         for m in $(tr -d '()' <<<"$mods" | tr ',' ' '); do
           d=${m/podvol/..}
           echo "align.sh: $path $v -> $max in ${m}" >&2
-          (cd "$d" && GOWORK=off "$GO" get "$path@$max")
+          # A module its go.mod replaces takes the version from the replace.
+          if [ -n "$(cd "$d" && GOWORK=off "$GO" list -m -f '{{if .Replace}}r{{end}}' "$path")" ]; then
+            (cd "$d" && GOWORK=off "$GO" mod edit -replace="$path=$path@$max" && GOWORK=off "$GO" mod tidy)
+          else
+            (cd "$d" && GOWORK=off "$GO" get "$path@$max")
+          fi
         done
       done
     done <<<"$bad"

@@ -41,6 +41,9 @@ func (c *Cluster) BuildRelease(ctx context.Context, src string) (Release, error)
 		return Release{}, err
 	}
 	b.Logf = c.p.note
+	// The same commit makes the same images wherever it is checked out, so
+	// a second run imports nothing new.
+	b.TrimPath = true
 	dir := c.path("releases", filepath.Base(src))
 	bins, err := b.CompileBinaries(ctx, src, runtime.GOARCH, filepath.Join(dir, "bin"))
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/podvol/podvol/internal/device"
 )
 
 // previousRelease is the commit of the podvol that the upgrade test starts
@@ -34,8 +36,10 @@ func testUpgrade(t *testing.T) {
 		t.Fatalf("the previous release, commit %s, is not in %s's history (a shallow clone? git fetch --unshallow): %v\n%s",
 			previousRelease, cluster.Repo, err, out)
 	}
-	if head, err := osexec.Command("git", "-C", cluster.Repo, "rev-parse", "HEAD").Output(); err != nil || strings.TrimSpace(string(head)) == previousRelease {
-		t.Fatalf("the previous release is the checkout itself (%s, %v): the upgrade would change nothing; pin an older commit", previousRelease, err)
+	head, err := osexec.Command("git", "-C", cluster.Repo, "rev-parse", "HEAD").Output()
+	must(t, "git rev-parse HEAD", err)
+	if strings.TrimSpace(string(head)) == previousRelease {
+		t.Fatalf("the previous release is the checkout itself (%s): the upgrade would change nothing; pin an older commit", previousRelease)
 	}
 	prev, err := cluster.BuildRelease(ctx(t), src)
 	must(t, "build the previous release's images", err)
@@ -61,6 +65,7 @@ func testUpgrade(t *testing.T) {
 	inUse := poolCounts(t)
 	time.Sleep(3 * time.Second)
 
+	noRestarts(t) // the previous release's, before its pods are replaced
 	start = time.Now()
 	must(t, "helm upgrade to the checkout's chart and images", cluster.Install(ctx(t), current))
 	wantImages(t, current.Tag)
@@ -71,12 +76,28 @@ func testUpgrade(t *testing.T) {
 
 	// The persistent volume, staged by the old plugin: unstaged and staged
 	// again by the new one, on its node, with what was written.
+	handle := get(t, "", "pv/"+get(t, n, "pvc/data", "{.spec.volumeName}"), "{.spec.csi.volumeHandle}")
+	image := node.PoolDir() + "/volumes/" + handle + ".img"
+	if loops, err := device.LoopsFor(image); err != nil || len(loops) == 0 {
+		t.Fatalf("the persistent volume's image %s has no loop device while staged (%v, %v)", image, loops, err)
+	}
 	deletePod(t, n, "persistent")
+	// Unstaged by the new plugin before a pod uses it again: its loop
+	// device goes.
+	eventually(t, 2*time.Minute, func() string {
+		if loops, err := device.LoopsFor(image); err != nil || len(loops) > 0 {
+			return fmt.Sprintf("the unused persistent volume's image %s is still on %v (%v)", image, loops, err)
+		}
+		return ""
+	})
 	// It keeps what the first pod wrote and starts a log of its own.
 	pod(t, n, "persistent-again", `mv /vol/log /vol/log.before && `+writer, "persistentVolumeClaim: {claimName: data}")
 	waitPod(t, n, "persistent-again")
 	if got := podNode(t, n, "persistent-again"); got.Name != node.Name {
 		t.Fatalf("the claim's pod runs on %s after the upgrade, its volume is on %s", got.Name, node.Name)
+	}
+	if loops, err := device.LoopsFor(image); err != nil || len(loops) == 0 {
+		t.Fatalf("the persistent volume's image %s has no loop device once staged again (%v, %v)", image, loops, err)
 	}
 	before := exec(t, n, "persistent-again", "cat /vol/log.before")
 	checkLog(t, "persistent (before the upgrade, read after it)", before, logEnd(t, before))
@@ -153,15 +174,30 @@ func poolCounts(t *testing.T) string {
 }
 
 // podvolImages lists the images podvol's pods run.
+// Pods on their way out (an old controller pod still terminating after
+// the rollout) are not listed.
 func podvolImages(t *testing.T) string {
-	out, _ := cluster.Get(ctx(t), "podvol-system", "pods", "{range .items[*]}{.spec.containers[0].image}{\"\\n\"}{end}")
-	return out
+	t.Helper()
+	out, err := cluster.Get(ctx(t), "podvol-system", "pods",
+		"{range .items[*]}{.spec.containers[0].image} {.metadata.deletionTimestamp}{\"\\n\"}{end}")
+	must(t, "podvol's pods", err)
+	var running []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(l); len(f) == 1 {
+			running = append(running, f[0])
+		}
+	}
+	return strings.Join(running, "\n")
 }
 
 // wantImages fails unless every podvol pod runs podvol's image tagged tag.
 func wantImages(t *testing.T, tag string) {
 	t.Helper()
-	for _, img := range strings.Fields(podvolImages(t)) {
+	images := strings.Fields(podvolImages(t))
+	if len(images) == 0 {
+		t.Fatalf("no podvol pod runs")
+	}
+	for _, img := range images {
 		if !strings.HasSuffix(img, ":"+tag) {
 			t.Fatalf("a podvol pod runs %s, not the images tagged %s:\n%s", img, tag, podvolImages(t))
 		}
