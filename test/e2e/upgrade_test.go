@@ -209,6 +209,9 @@ func noRestarts(t *testing.T) {
 	t.Helper()
 	out, restarted, err := podvolRestarts(ctx(t))
 	must(t, "podvol's pods", err)
+	if strings.TrimSpace(out) == "" {
+		t.Fatalf("no podvol pod is running")
+	}
 	if restarted {
 		t.Fatalf("a podvol container restarted (container=restarts per pod):\n%s", out)
 	}
