@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/podvol/podvol/internal/devcluster"
 	"github.com/podvol/podvol/internal/kubectlplugin"
+	"github.com/podvol/podvol/internal/names"
 )
 
 // podvolJSON runs `kubectl podvol args... -o json` and decodes it into v.
@@ -220,6 +222,19 @@ func checkReleasedAndReclaim(t *testing.T, b *devcluster.Node, pv, handle, claim
 			t.Errorf("kubectl podvol reclaim %v: %v %s, want a refusal", args, err, stderr)
 		}
 	}
+	// Reclaim talks to the node's plugin, and refuses until the node's
+	// registrar has listed podvol in its CSINode, which may come after the
+	// plugin already reports the released volume above.
+	eventually(t, 3*time.Minute, func() string {
+		drivers, err := cluster.Get(ctx(t), "", "csinode/"+b.Name, "{.spec.drivers[*].name}")
+		if err != nil {
+			return err.Error()
+		}
+		if !slices.Contains(strings.Fields(drivers), names.Driver) {
+			return fmt.Sprintf("CSINode %s lists drivers %q, no %s", b.Name, drivers, names.Driver)
+		}
+		return ""
+	})
 	// No answer but "n": nothing changes.
 	_, stderr, err := cluster.KubectlPodvol(ctx(t), strings.NewReader("n\n"), "reclaim", b.Name, pv)
 	if err == nil || !strings.Contains(stderr, "deletes volume "+handle) || !strings.Contains(stderr, "nothing was changed") {

@@ -146,7 +146,9 @@ func TestRecoveryDetachesLoopsOfDeletedImages(t *testing.T) {
 	}
 
 	e.p.Restart()
-	if got := backingOf(mine); got != "" {
+	// The kernel may hand the freed number to another test's image at
+	// once, so only "still serves the deleted image" is a failure.
+	if got := backingOf(mine); got == deleted {
 		t.Fatalf("the restarted plugin left %s, its own loop device of the deleted image, attached (%s)\nplugin log:\n%s", mine, got, e.p.Log())
 	}
 	if backingOf(theirs) == "" {
