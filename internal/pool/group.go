@@ -3,7 +3,6 @@ package pool
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -14,14 +13,6 @@ import (
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/store"
 )
-
-var groupIDPattern = regexp.MustCompile(`^group-[0-9a-f]{24}$`)
-
-// ValidGroupID reports whether id has the shape of a group snapshot id of
-// this pool.
-func ValidGroupID(id string) bool { return groupIDPattern.MatchString(id) }
-
-func newGroupID() string { return "group-" + newID()[3:] }
 
 // GroupRequest is a validated CreateVolumeGroupSnapshot.
 type GroupRequest struct {
@@ -77,12 +68,12 @@ func (p *Pool) CreateGroupSnapshot(r GroupRequest) (*store.Group, []*store.Snaps
 	}
 
 	now := time.Now().UTC()
-	g = &store.Group{ID: newGroupID(), Name: r.Name, State: store.Creating, Created: now}
+	g = &store.Group{ID: p.newID(kindGroup), Name: r.Name, State: store.Creating, Created: now}
 	snaps := make([]*store.Snapshot, len(srcs))
 	var total int64
 	for i, src := range srcs {
 		snaps[i] = &store.Snapshot{
-			ID:        newSnapshotID(),
+			ID:        p.newID(kindSnapshot),
 			Name:      g.ID + "/" + src.ID, // never a CSI name: a CreateSnapshot of it is refused (CreateSnapshot)
 			SourceID:  src.ID,
 			SizeBytes: src.SizeBytes,

@@ -5,15 +5,12 @@ package pool
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -30,15 +27,11 @@ import (
 // MaxNameLength bounds CSI names (Kubernetes names are at most 253).
 const MaxNameLength = 512
 
-var idPattern = regexp.MustCompile(`^pv-[0-9a-f]{24}$`)
-
-// ValidID reports whether id has the shape of an id this pool hands out.
-// Anything else cannot name a volume here, and is never joined to a path.
-func ValidID(id string) bool { return idPattern.MatchString(id) }
-
 // Config is what the pool needs to know.
 type Config struct {
-	Dir string
+	// Name of the pool (ValidName); "" is DefaultName.
+	Name string
+	Dir  string
 	// Capacity in bytes; 0 takes the size of the filesystem holding Dir.
 	Capacity int64
 	// UnknownImages is what to do with images the store has no record
@@ -52,6 +45,7 @@ type Config struct {
 
 // Pool is one node's volume pool.
 type Pool struct {
+	name     string
 	dir      string
 	volDir   string
 	snapDir  string
@@ -75,6 +69,13 @@ func Open(cfg Config) (*Pool, error) {
 		// loop devices and mount on the machine running it.
 		return nil, errors.New("pool: Config.Device is nil: pass device.Host{} for this machine, or devicetest.New() in tests")
 	}
+	name := cfg.Name
+	if name == "" {
+		name = DefaultName
+	}
+	if !ValidName(name) {
+		return nil, fmt.Errorf("pool name %q: want 1 to 16 lower-case letters and digits", cfg.Name)
+	}
 	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
 		return nil, fmt.Errorf("pool directory %q must be an absolute path", cfg.Dir)
 	}
@@ -87,7 +88,7 @@ func Open(cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolve pool directory: %w", err)
 	}
-	p := &Pool{dir: dir, volDir: filepath.Join(dir, "volumes"), snapDir: filepath.Join(dir, "snapshots"), dev: cfg.Device}
+	p := &Pool{name: name, dir: dir, volDir: filepath.Join(dir, "volumes"), snapDir: filepath.Join(dir, "snapshots"), dev: cfg.Device}
 	_, err = os.Lstat(p.snapDir)
 	held := err == nil // the pool held snapshots before, maybe under a store now lost
 	for _, d := range []string{p.volDir, p.snapDir} {
@@ -148,6 +149,9 @@ func (p *Pool) Close() error { return p.store.Close() }
 
 // Store gives the node package access to volume records.
 func (p *Pool) Store() *store.Store { return p.store }
+
+// Name is the pool's name (DefaultName for a plugin's only pool).
+func (p *Pool) Name() string { return p.name }
 
 // Dir is the canonical pool directory.
 func (p *Pool) Dir() string { return p.dir }
@@ -234,7 +238,7 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 	}
 
 	v = &store.Volume{
-		ID:         newID(),
+		ID:         p.newID(kindVolume),
 		Name:       r.Name,
 		SizeBytes:  r.SizeBytes,
 		FsType:     r.FsType,
@@ -370,12 +374,6 @@ func makeImage(path string, size int64) error {
 	return device.SyncDir(filepath.Dir(path))
 }
 
-func newID() string {
-	b := make([]byte, 12)
-	_, _ = rand.Read(b) // crypto/rand.Read never returns an error (it crashes the program instead)
-	return "pv-" + hex.EncodeToString(b)
-}
-
 // DeleteVolume deletes a volume and its image. A volume that does not exist
 // is already deleted. A staged or published volume is in use.
 func (p *Pool) DeleteVolume(ctx context.Context, id string) error {
@@ -494,7 +492,7 @@ func (p *Pool) Recover(ctx context.Context) error {
 func (p *Pool) LoopImage(dev, backing string) (id, detachAs string, ours bool) {
 	name, deleted := strings.CutSuffix(filepath.Base(backing), deletedSuffix)
 	id, isImage := strings.CutSuffix(name, ".img")
-	if !isImage || !ValidID(id) {
+	if !isImage || !p.Owns(id) || !ValidID(id) {
 		return "", "", false
 	}
 	if deleted {

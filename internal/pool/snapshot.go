@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -14,12 +13,6 @@ import (
 	"github.com/podvol/podvol/internal/failpoint"
 	"github.com/podvol/podvol/internal/store"
 )
-
-var snapIDPattern = regexp.MustCompile(`^snap-[0-9a-f]{24}$`)
-
-// ValidSnapshotID reports whether id has the shape of a snapshot id of this
-// pool.
-func ValidSnapshotID(id string) bool { return snapIDPattern.MatchString(id) }
 
 // SnapshotPath returns the image of a snapshot. id must be ValidSnapshotID.
 func (p *Pool) SnapshotPath(id string) string { return filepath.Join(p.snapDir, id+".img") }
@@ -56,7 +49,7 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 		return nil, err
 	}
 	snap = &store.Snapshot{
-		ID:        newSnapshotID(),
+		ID:        p.newID(kindSnapshot),
 		Name:      r.Name,
 		SourceID:  src.ID,
 		SizeBytes: src.SizeBytes,
@@ -267,4 +260,4 @@ func (p *Pool) recoverSnapshots() []error {
 	return errs
 }
 
-func newSnapshotID() string { return "snap-" + newID()[3:] }
+

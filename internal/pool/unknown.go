@@ -68,7 +68,7 @@ func (p *Pool) accountForImages(ctx context.Context, policy string) error {
 			}
 			id, isImage := strings.CutSuffix(e.Name(), ".img")
 			snapshot := dir == p.snapDir
-			if !isImage || !e.Type().IsRegular() || (snapshot && !ValidSnapshotID(id)) || (!snapshot && !ValidID(id)) {
+			if !isImage || !e.Type().IsRegular() || !p.Owns(id) || (snapshot && !ValidSnapshotID(id)) || (!snapshot && !ValidID(id)) {
 				klog.InfoS("Leaving a file in the pool that podvol did not make", "path", path)
 				continue
 			}
