@@ -39,8 +39,9 @@ func main() {
 	var (
 		endpoint    = flag.String("endpoint", "unix:///run/podvol/csi.sock", "CSI endpoint: unix:///path/to/csi.sock")
 		nodeID      = flag.String("node-id", "", "name of this node (required); volumes carry it as topology "+names.TopologyKey)
-		poolDir     = flag.String("pool-dir", "/var/lib/podvol", "directory holding volume images and the metadata store")
-		capacity    = flag.String("capacity", "", "pool capacity, e.g. 20Gi; default: the size of the filesystem holding --pool-dir")
+		poolDir     = flag.String("pool-dir", "/var/lib/podvol", "directory of the pool named default (volume images and the metadata store); with --pool, served only when set")
+		capacity    = flag.String("capacity", "", "capacity of --pool-dir's pool, e.g. 20Gi; default: the size of the filesystem holding it")
+		forgetPools = flag.String("forget-pool", "", "comma-separated names of pools served before that are gone for good with their volumes: start without them (refused otherwise)")
 		metricsAddr = flag.String("metrics-address", "", "address for /metrics and /healthz, e.g. :9808; empty: off. With API access (in-cluster or --kubeconfig) HTTPS, each request's bearer token reviewed (TokenReview, SubjectAccessReview on the path); without, plain HTTP on a loopback address only")
 		metricsCert = flag.String("metrics-cert-file", "", "serving certificate (PEM) for the metrics, read again when it changes; empty, with --metrics-key-file empty: self-signed at start")
 		metricsKey  = flag.String("metrics-key-file", "", "key (PEM) of --metrics-cert-file")
@@ -60,13 +61,27 @@ func main() {
 		trimEvery   = flag.Duration("trim-interval", time.Hour, "with --discard="+node.DiscardFstrim+", how often staged volumes are trimmed; 0: only at unstage")
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
+	var pools poolFlags
+	flag.Var(&pools, "pool", "a pool: NAME=DIR[,capacity=SIZE], repeatable. A StorageClass chooses one with the parameter pool (absent: the pool named default); NAME is 1 to 16 lower-case letters and digits")
 	klog.InitFlags(nil)
 	flag.Parse()
+	poolDirSet := false
+	flag.Visit(func(f *flag.Flag) { poolDirSet = poolDirSet || f.Name == "pool-dir" })
 	if *showVersion {
 		fmt.Println(names.Driver, version)
 		return
 	}
-	cfg := config{endpoint: *endpoint, nodeID: *nodeID, poolDir: *poolDir, capacity: *capacity, metricsAddr: *metricsAddr,
+	specs, err := poolSpecs(pools, *poolDir, poolDirSet, *capacity)
+	if err != nil {
+		klog.ErrorS(err, "podvol-plugin failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	var forget []string
+	if *forgetPools != "" {
+		forget = strings.Split(*forgetPools, ",")
+	}
+	cfg := config{endpoint: *endpoint, nodeID: *nodeID, pools: specs, forget: forget, metricsAddr: *metricsAddr,
 		metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
 		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery}
@@ -78,18 +93,20 @@ func main() {
 }
 
 type config struct {
-	endpoint, nodeID, poolDir, capacity, metricsAddr string
-	metricsCert, metricsKey, sidecars                string
-	maxVolumes                                       int64
-	kubeletDir, inlineSize                           string
-	gcInterval                                       time.Duration
-	kataDir, kubeconfig                              string
-	sandboxDirs                                      []string
-	regDir, regPath                                  string
-	unknownImages                                    string
-	directIO                                         bool
-	discard                                          string
-	trimInterval                                     time.Duration
+	endpoint, nodeID, metricsAddr     string
+	pools                             []poolSpec
+	forget                            []string
+	metricsCert, metricsKey, sidecars string
+	maxVolumes                        int64
+	kubeletDir, inlineSize            string
+	gcInterval                        time.Duration
+	kataDir, kubeconfig               string
+	sandboxDirs                       []string
+	regDir, regPath                   string
+	unknownImages                     string
+	directIO                          bool
+	discard                           string
+	trimInterval                      time.Duration
 }
 
 func quantity(flagName, v string) (int64, error) {
@@ -103,13 +120,6 @@ func quantity(flagName, v string) (int64, error) {
 func run(c config) error {
 	if c.nodeID == "" {
 		return fmt.Errorf("--node-id is required: pass the Kubernetes node name (spec.nodeName)")
-	}
-	var capBytes int64
-	if c.capacity != "" {
-		var err error
-		if capBytes, err = quantity("capacity", c.capacity); err != nil {
-			return err
-		}
 	}
 	inlineBytes, err := quantity("inline-default-size", c.inlineSize)
 	if err != nil {
@@ -137,19 +147,36 @@ func run(c config) error {
 	// The loop devices, mounts and disk tools of this machine (unit tests
 	// put internal/device/devicetest in its place).
 	host := device.Host{}
-	p, err := pool.Open(pool.Config{Dir: c.poolDir, Capacity: capBytes, UnknownImages: c.unknownImages, Device: host})
-	if err != nil {
-		return err
-	}
+	var opened []*pool.Pool
 	defer func() {
-		if err := p.Close(); err != nil {
-			klog.ErrorS(err, "Closing the pool")
+		for _, p := range opened {
+			if err := p.Close(); err != nil {
+				klog.ErrorS(err, "Closing the pool", "pool", p.Name())
+			}
 		}
 	}()
-	n := node.New(p, &directvolume.Shim{Root: c.kataDir, SandboxDirs: c.sandboxDirs}, host)
-	n.SetDirectIO(c.directIO)
-	n.SetDiscard(c.discard)
-	klog.InfoS("Data path", "directIO", c.directIO, "poolBlockSize", device.PoolBlockSize(p.Dir()), "discard", c.discard, "trimInterval", c.trimInterval)
+	for _, s := range c.pools {
+		p, err := pool.Open(pool.Config{Name: s.name, Dir: s.dir, Capacity: s.capacity, UnknownImages: c.unknownImages, Device: host})
+		if err != nil {
+			return fmt.Errorf("pool %s: %w", s.name, err)
+		}
+		opened = append(opened, p)
+	}
+	if err := checkFilesystems(c.pools, opened); err != nil {
+		return err
+	}
+	if err := pool.CheckServed(opened, c.forget); err != nil {
+		return err
+	}
+	served := make([]string, len(opened))
+	for i, p := range opened {
+		served[i] = p.Name()
+	}
+	for _, p := range opened {
+		if err := p.RecordServedWith(served); err != nil {
+			return err
+		}
+	}
 	kc, err := kubeClient(c.kubeconfig)
 	if err != nil {
 		return err
@@ -160,66 +187,86 @@ func run(c config) error {
 	} else {
 		klog.InfoS("No Kubernetes API access: volumes of StorageClasses with directAssign=auto cannot be published")
 	}
-	// Node first: its rollbacks release loop devices the pool's recovery
-	// then needs to be free.
-	if err := n.Recover(ctx); err != nil {
-		klog.ErrorS(err, "Recovery of staged volumes was incomplete; serving anyway, kubelet's retries will finish it")
-	}
-	if err := p.Recover(ctx); err != nil {
-		klog.ErrorS(err, "Recovery of the pool was incomplete; serving anyway")
-	}
-	total, allocated := p.Capacity()
-	klog.InfoS("Pool ready", "dir", p.Dir(), "capacityBytes", total, "allocatedBytes", allocated)
-
-	// One lock per volume for the CSI calls and the inline collection.
+	// One lock per volume for the CSI calls and the inline collection
+	// of every pool (ids are unique across pools).
 	locks := &keylock.Locks{}
-	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir, Device: host, Locks: locks}
-	d := driver.New(driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: inlineBytes, Decider: decider})
-	// The first collection runs before serving: a volume leaked while the
-	// plugin was down is gone before kubelet's first call.
-	if err := inl.Collect(ctx); err != nil {
-		klog.ErrorS(err, "Collecting inline volumes at start was incomplete")
-	}
-	go func() {
-		time.Sleep(c.gcInterval)
-		inl.Run(ctx, c.gcInterval)
-	}()
-	if c.discard == node.DiscardFstrim && c.trimInterval > 0 {
+	var pools []driver.Pool
+	for _, p := range opened {
+		n := node.New(p, &directvolume.Shim{Root: c.kataDir, SandboxDirs: c.sandboxDirs}, host)
+		n.SetDirectIO(c.directIO)
+		n.SetDiscard(c.discard)
+		klog.InfoS("Data path", "pool", p.Name(), "directIO", c.directIO, "poolBlockSize", device.PoolBlockSize(p.Dir()), "discard", c.discard, "trimInterval", c.trimInterval)
+		// Node first: its rollbacks release loop devices the pool's
+		// recovery then needs to be free.
+		if err := n.Recover(ctx); err != nil {
+			klog.ErrorS(err, "Recovery of staged volumes was incomplete; serving anyway, kubelet's retries will finish it", "pool", p.Name())
+		}
+		if err := p.Recover(ctx); err != nil {
+			klog.ErrorS(err, "Recovery of the pool was incomplete; serving anyway", "pool", p.Name())
+		}
+		total, allocated := p.Capacity()
+		klog.InfoS("Pool ready", "pool", p.Name(), "dir", p.Dir(), "capacityBytes", total, "allocatedBytes", allocated)
+		inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir, Device: host, Locks: locks}
+		// The first collection runs before serving: a volume leaked
+		// while the plugin was down is gone before kubelet's first call.
+		if err := inl.Collect(ctx); err != nil {
+			klog.ErrorS(err, "Collecting inline volumes at start was incomplete", "pool", p.Name())
+		}
 		go func() {
-			t := time.NewTicker(c.trimInterval)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					n.TrimAll(ctx, locks.Lock)
-				}
-			}
+			time.Sleep(c.gcInterval)
+			inl.Run(ctx, c.gcInterval)
 		}()
+		if c.discard == node.DiscardFstrim && c.trimInterval > 0 {
+			go func() {
+				t := time.NewTicker(c.trimInterval)
+				defer t.Stop()
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-t.C:
+						n.TrimAll(ctx, locks.Lock)
+					}
+				}
+			}()
+		}
+		pools = append(pools, driver.Pool{Pool: p, Node: n, Inline: inl})
 	}
+	d := driver.New(driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, Decider: decider})
 	var observe driver.Observer
 	if c.metricsAddr != "" {
-		m := metrics.New(c.nodeID, func() (metrics.PoolStats, error) {
-			// The store's running totals: a scrape costs the same
-			// whatever the number of volumes.
-			u := p.Store().Usage()
-			total, allocated := p.Capacity()
-			refused, _ := n.DirectIORefused()
-			return metrics.PoolStats{
-				CapacityBytes: total, AllocatedBytes: allocated,
-				Volumes: u.Volumes - u.InlineVolumes, InlineVolumes: u.InlineVolumes, Snapshots: u.Snapshots,
-				DirectIORefused: refused,
-			}, nil
-		})
-		m.AddHealth(volumeConditions(p, n))
-		m.AddFilesystem(func() (metrics.FilesystemStats, error) {
-			used, avail, err := p.Written()
-			return metrics.FilesystemStats{UsedBytes: used, AvailableBytes: avail}, err
-		})
+		m := metrics.New(c.nodeID)
+		for _, pl := range pools {
+			p, n := pl.Pool, pl.Node
+			m.AddPool(p.Name(), func() (metrics.PoolStats, error) {
+				// The store's running totals: a scrape costs the same
+				// whatever the number of volumes.
+				u := p.Store().Usage()
+				total, allocated := p.Capacity()
+				refused, _ := n.DirectIORefused()
+				return metrics.PoolStats{
+					CapacityBytes: total, AllocatedBytes: allocated,
+					Volumes: u.Volumes - u.InlineVolumes, InlineVolumes: u.InlineVolumes, Snapshots: u.Snapshots,
+					DirectIORefused: refused,
+				}, nil
+			})
+			m.AddHealth(p.Name(), volumeConditions(p, n))
+			m.AddFilesystem(p.Name(), func() (metrics.FilesystemStats, error) {
+				used, avail, err := p.Written()
+				return metrics.FilesystemStats{UsedBytes: used, AvailableBytes: avail}, err
+			})
+		}
 		observe = m.ObserveRPC
+		healthy := func() error {
+			for _, p := range opened {
+				if err := p.Check(); err != nil {
+					return fmt.Errorf("pool %s: %w", p.Name(), err)
+				}
+			}
+			return nil
+		}
 		mc := metricsauth.Config{Address: c.metricsAddr, CertFile: c.metricsCert, KeyFile: c.metricsKey,
-			Metrics: m.Handler(), Sidecars: sidecars, Healthz: metrics.Healthz(p.Check)}
+			Metrics: m.Handler(), Sidecars: sidecars, Healthz: metrics.Healthz(healthy)}
 		if kc != nil {
 			mc.Filter = metricsauth.NewFilter(kc)
 		}

@@ -2,7 +2,9 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -67,6 +69,20 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): podvol provisions only on the node that runs this plugin", names.TopologyKey, d.cfg.NodeID)
 	}
+	// A node without the class's pool is no place for the volume:
+	// RESOURCE_EXHAUSTED gives the claim back to the scheduler, which
+	// sees capacity 0 for the class on this node.
+	pl, ok := d.poolNamed(params[names.ParamPool])
+	if !ok {
+		return nil, d.missingPool(codes.ResourceExhausted, params[names.ParamPool])
+	}
+	if source != nil {
+		// A copy is a reflink (or a sparse copy) within one filesystem.
+		// A source id of no pool is the pool's to report (NOT_FOUND).
+		if from, ok := pool.PoolOf(source.ID); ok && from != pl.Pool.Name() {
+			return nil, invalid("source %s is in pool %q, the new volume's class asks for pool %q: a clone or restore stays in its source's pool", source.ID, from, pl.Pool.Name())
+		}
+	}
 
 	defer d.locks.Lock("name/" + name)()
 	if source != nil && source.Kind == store.FromVolume {
@@ -78,7 +94,10 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	for _, c := range req.GetVolumeCapabilities() {
 		format = format && c.GetMount() != nil
 	}
-	v, err := d.cfg.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Format: format, Quiesce: d.cfg.Node.Quiesce})
+	if err := nameTaken(d, pl, name, (*store.Store).VolumeByName); err != nil {
+		return nil, err
+	}
+	v, err := pl.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Format: format, Quiesce: pl.Node.Quiesce})
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -130,30 +149,65 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if err := checkVolumeID(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
+	pl, err := d.poolToDelete(req.GetVolumeId(), pool.ValidID)
+	if pl == nil {
+		return &csi.DeleteVolumeResponse{}, err
+	}
 	defer d.locks.Lock(req.GetVolumeId())()
-	if err := d.cfg.Pool.DeleteVolume(ctx, req.GetVolumeId()); err != nil {
+	if err := pl.Pool.DeleteVolume(ctx, req.GetVolumeId()); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
-// lookup returns the ready volume with id (or inline handle), or NOT_FOUND.
-func (d *Driver) lookup(id string) (*store.Volume, error) {
+// lookup returns the ready volume with id (or inline handle) and its
+// pool, or NOT_FOUND.
+func (d *Driver) lookup(id string) (*Pool, *store.Volume, error) {
 	if err := checkVolumeID(id); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if !pool.ValidID(id) {
-		inl, ok := d.inlineID(id)
-		if !ok {
-			return nil, status.Errorf(codes.NotFound, "volume %q does not exist on node %s", id, d.cfg.NodeID)
-		}
-		id = inl
-	}
-	v, err := d.cfg.Pool.ReadyVolume(id)
+	pl, poolID, err := d.volumePool(id)
 	if err != nil {
-		return nil, toStatus(fmt.Errorf("node %s: %w", d.cfg.NodeID, err))
+		return nil, nil, err
 	}
-	return v, nil
+	v, err := pl.Pool.ReadyVolume(poolID)
+	if err != nil {
+		return nil, nil, toStatus(fmt.Errorf("node %s: %w", d.cfg.NodeID, err))
+	}
+	return pl, v, nil
+}
+
+// volumePool is the pool of a request's volume id and the pool's id of
+// the volume, which differs for an inline volume (kubelet names it).
+func (d *Driver) volumePool(id string) (*Pool, string, error) {
+	if pool.ValidID(id) {
+		pl, err := d.poolOf(id)
+		return pl, id, err
+	}
+	if pl, inl, ok := d.inlineID(id); ok {
+		return pl, inl, nil
+	}
+	return nil, "", status.Errorf(codes.NotFound, "volume %q does not exist on node %s", id, d.cfg.NodeID)
+}
+
+// nameTaken refuses a CSI name that another pool of this node already
+// holds (found by byName in its store): the spec's ALREADY_EXISTS for a
+// name asked for again with other parameters. Names are unique per
+// store; the driver's name lock makes them unique per node.
+func nameTaken[T any](d *Driver, in *Pool, name string, byName func(*store.Store, string) (T, error)) error {
+	return d.eachPool(func(p *Pool) error {
+		if p == in {
+			return nil
+		}
+		_, err := byName(p.Pool.Store(), name)
+		switch {
+		case err == nil:
+			return status.Errorf(codes.AlreadyExists, "%q already exists in pool %q of node %s, not in pool %q", name, p.Pool.Name(), d.cfg.NodeID, in.Pool.Name())
+		case errors.Is(err, store.ErrNotFound):
+			return nil
+		}
+		return toStatus(err)
+	})
 }
 
 func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
@@ -163,7 +217,7 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, invalid("volume capabilities are required")
 	}
-	v, err := d.lookup(req.GetVolumeId())
+	_, v, err := d.lookup(req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -224,15 +278,61 @@ func (d *Driver) volumePage(maxEntries int32, start string) ([]*store.Volume, st
 	if start != "" && !pool.ValidID(start) {
 		return nil, "", status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
 	}
-	vols, next, err := d.cfg.Pool.Store().VolumePage(start, int(maxEntries), func(v *store.Volume) bool { return v.State == store.Ready })
-	if err != nil {
-		return nil, "", toStatus(fmt.Errorf("list volumes: %w", err))
+	return pagePools(d, start, int(maxEntries), "volumes", (*store.Store).VolumePage,
+		func(v *store.Volume) bool { return v.State == store.Ready }, func(v *store.Volume) string { return v.ID })
+}
+
+// pagePools is one page of a listing through every pool: the pools in
+// name order, each in id order. The cursor is an id, which names its
+// pool, so a page starts in the right pool and no pool is read twice.
+func pagePools[T any](d *Driver, start string, limit int, what string,
+	page func(s *store.Store, start string, limit int, keep func(T) bool) ([]T, string, error), keep func(T) bool, idOf func(T) string,
+) ([]T, string, error) {
+	from := 0
+	if start != "" {
+		name, _ := pool.PoolOf(start)
+		i, found := slices.BinarySearch(d.names, name)
+		if !found {
+			return nil, "", status.Errorf(codes.Aborted, "starting token %q is of pool %q, which node %s does not serve (it serves %s)", start, name, d.cfg.NodeID, d.servedPools())
+		}
+		from = i
 	}
-	return vols, next, nil
+	var out []T
+	for i := from; i < len(d.names); i++ {
+		left := 0 // no limit
+		if limit > 0 {
+			left = limit - len(out)
+		}
+		s := d.pools[d.names[i]].Pool.Store()
+		items, next, err := page(s, start, left, keep)
+		if err != nil {
+			return nil, "", toStatus(fmt.Errorf("list %s of pool %s: %w", what, d.names[i], err))
+		}
+		out = append(out, items...)
+		if next != "" {
+			return out, next, nil
+		}
+		start = ""
+		if limit > 0 && len(out) == limit {
+			// The page is full: the next starts at the first item of
+			// a later pool, if any has one.
+			for j := i + 1; j < len(d.names); j++ {
+				first, _, err := page(d.pools[d.names[j]].Pool.Store(), "", 1, keep)
+				if err != nil {
+					return nil, "", toStatus(fmt.Errorf("list %s of pool %s: %w", what, d.names[j], err))
+				}
+				if len(first) > 0 {
+					return out, idOf(first[0]), nil
+				}
+			}
+			return out, "", nil
+		}
+	}
+	return out, "", nil
 }
 
 func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
-	v, err := d.lookup(req.GetVolumeId())
+	_, v, err := d.lookup(req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +361,13 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 			}
 		}
 	}
-	total, allocated := d.cfg.Pool.Capacity()
+	// The class's pool: a node without it has no room for the class,
+	// so the scheduler never picks it.
+	pl, ok := d.poolNamed(req.GetParameters()[names.ParamPool])
+	if !ok {
+		return &csi.GetCapacityResponse{MaximumVolumeSize: wrapperspb.Int64(0)}, nil
+	}
+	total, allocated := pl.Pool.Capacity()
 	free := max(total-allocated, 0)
 	return &csi.GetCapacityResponse{
 		AvailableCapacity: free,

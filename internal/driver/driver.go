@@ -6,6 +6,7 @@ package driver
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -26,9 +27,10 @@ type Config struct {
 	Version    string
 	NodeID     string
 	MaxVolumes int64
-	Pool       *pool.Pool
-	Node       *node.Node
-	Inline     *inline.Manager
+	// Pools are the pools this node serves, each under its own name
+	// (pool.Pool.Name). A request finds its pool from a volume's or
+	// snapshot's id, or from the pool parameter of a new one.
+	Pools []Pool
 	// Locks are the per-volume locks the CSI calls take, shared with
 	// the background work on the same volumes (inline collection); nil
 	// makes the driver its own.
@@ -52,15 +54,33 @@ type Driver struct {
 
 	cfg   Config
 	locks *keylock.Locks
+	pools map[string]*Pool
+	// names of the pools, sorted: the order listings page through them.
+	names []string
 }
 
-// New returns a Driver.
+// Pool is one named pool and what serves its volumes on this node.
+type Pool struct {
+	Pool *pool.Pool
+	Node *node.Node
+	// Inline makes the pool's inline ephemeral volumes; nil: none.
+	Inline *inline.Manager
+}
+
+// New returns a Driver. The pools must have distinct names.
 func New(cfg Config) *Driver {
 	locks := cfg.Locks
 	if locks == nil {
 		locks = &keylock.Locks{}
 	}
-	return &Driver{cfg: cfg, locks: locks}
+	d := &Driver{cfg: cfg, locks: locks, pools: map[string]*Pool{}}
+	for i := range cfg.Pools {
+		p := &cfg.Pools[i]
+		d.pools[p.Pool.Name()] = p
+		d.names = append(d.names, p.Pool.Name())
+	}
+	slices.Sort(d.names)
+	return d
 }
 
 func (d *Driver) topology() *csi.Topology {

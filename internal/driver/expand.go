@@ -43,7 +43,7 @@ func expandSize(r *csi.CapacityRange) (int64, error) {
 }
 
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	id, err := d.volumeAtPath(req.GetVolumeId(), req.GetVolumePath())
+	pl, id, err := d.volumeAtPath(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +52,7 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, err
 	}
 	defer d.locks.Lock(req.GetVolumeId())()
-	got, err := d.cfg.Node.Expand(ctx, id, req.GetVolumePath(), size)
+	got, err := pl.Node.Expand(ctx, id, req.GetVolumePath(), size)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -42,6 +42,11 @@ func newFakeNodeReflink(t *testing.T, reflink bool) *fakeNode {
 
 // newFakeNodeNamed is a fake node of that name, with a pool of its own.
 func newFakeNodeNamed(t *testing.T, nodeID string, reflink bool) *fakeNode {
+	return newFakeNodePools(t, nodeID, reflink, pool.DefaultName)
+}
+
+// newFakeNodePools is a fake node with a pool of each name (10 GiB each).
+func newFakeNodePools(t *testing.T, nodeID string, reflink bool, poolNames ...string) *fakeNode {
 	t.Helper()
 	dir, err := filepath.EvalSymlinks(t.TempDir())
 	if err != nil {
@@ -49,21 +54,35 @@ func newFakeNodeNamed(t *testing.T, nodeID string, reflink bool) *fakeNode {
 	}
 	dev := devicetest.New()
 	dev.SetReflink(reflink)
-	p, err := pool.Open(pool.Config{Dir: filepath.Join(dir, "pool"), Capacity: 10 * size.GiB, Device: dev})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	n := node.New(p, &directvolume.Shim{Root: filepath.Join(dir, "direct")}, dev)
 	kubelet := filepath.Join(dir, "kubelet")
 	locks := &keylock.Locks{}
-	inl := &inline.Manager{Pool: p, Node: n, KubeletDir: kubelet, Device: dev, Locks: locks}
-	d := New(Config{NodeID: nodeID, Pool: p, Node: n, Inline: inl, Locks: locks, InlineDefaultSize: size.GiB})
+	var pools []Pool
+	for _, name := range poolNames {
+		p, err := pool.Open(pool.Config{Name: name, Dir: filepath.Join(dir, "pool-"+name), Capacity: 10 * size.GiB, Device: dev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := p.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+		n := node.New(p, &directvolume.Shim{Root: filepath.Join(dir, "direct")}, dev)
+		inl := &inline.Manager{Pool: p, Node: n, KubeletDir: kubelet, Device: dev, Locks: locks}
+		pools = append(pools, Pool{Pool: p, Node: n, Inline: inl})
+	}
+	d := New(Config{NodeID: nodeID, Pools: pools, Locks: locks, InlineDefaultSize: size.GiB})
 	return &fakeNode{t: t, d: d, dev: dev, kubelet: kubelet}
+}
+
+// pool is the fake node's pool of that name ("": the default pool).
+func (f *fakeNode) pool(name string) *pool.Pool {
+	f.t.Helper()
+	pl, ok := f.d.poolNamed(name)
+	if !ok {
+		f.t.Fatalf("no pool %q", name)
+	}
+	return pl.Pool
 }
 
 func (f *fakeNode) dir(name string) string {
@@ -258,7 +277,7 @@ func TestVolumePathIsValidatedFirst(t *testing.T) {
 	if _, err := f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: block}); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"relative/path", staging + "/../x", f.d.cfg.Pool.Dir() + "/volumes/" + id + ".img"} {
+	for _, p := range []string{"relative/path", staging + "/../x", f.pool("").Dir() + "/volumes/" + id + ".img"} {
 		_, err := f.d.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p})
 		wantCode(t, err, codes.NotFound, "stats at "+p)
 		if !strings.Contains(err.Error(), "has no path") {

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -89,15 +90,22 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 	for _, id := range slices.Sorted(slices.Values(ids)) {
 		defer d.locks.Lock(id)()
 	}
+	pl, err := d.groupPool(ids)
+	if err != nil {
+		return nil, err
+	}
+	if err := nameTaken(d, pl, req.GetName(), (*store.Store).GroupByName); err != nil {
+		return nil, err
+	}
 	timeout := d.cfg.GroupFreezeTimeout
 	if timeout <= 0 {
 		timeout = DefaultGroupFreezeTimeout
 	}
-	g, snaps, err := d.cfg.Pool.CreateGroupSnapshot(pool.GroupRequest{
+	g, snaps, err := pl.Pool.CreateGroupSnapshot(pool.GroupRequest{
 		Name:      req.GetName(),
 		SourceIDs: ids,
 		Freeze: func(ids []string) (func(), error) {
-			return d.cfg.Node.QuiesceGroup(ids, timeout)
+			return pl.Node.QuiesceGroup(ids, timeout)
 		},
 	})
 	if err != nil {
@@ -111,6 +119,35 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 		return nil, toStatus(err)
 	}
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroup(g, snaps)}, nil
+}
+
+// groupPool is the one pool of a group's members. A group is cut by
+// reflinks within one filesystem, so members in two pools are refused,
+// naming them. Ids that name no pool are left to the pool, which knows
+// no such volume (FAILED_PRECONDITION: it is elsewhere).
+func (d *Driver) groupPool(ids []string) (*Pool, error) {
+	var in []string // "id (pool)" of each member, for the message
+	name := ""
+	for _, id := range ids {
+		n, ok := pool.PoolOf(id)
+		if !ok {
+			continue
+		}
+		in = append(in, fmt.Sprintf("%s (%s)", id, n))
+		if name == "" {
+			name = n
+		} else if n != name {
+			return nil, invalid("the members of a group snapshot must be in one pool: %s", strings.Join(in, ", "))
+		}
+	}
+	if name == "" {
+		name = d.names[0]
+	}
+	pl, ok := d.pools[name]
+	if !ok {
+		return nil, d.missingPool(codes.FailedPrecondition, name)
+	}
+	return pl, nil
 }
 
 // checkMembers compares the snapshot ids a CO passes with the group's
@@ -146,7 +183,11 @@ func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeG
 	if err != nil {
 		return nil, err
 	}
-	g, snaps, err := d.cfg.Pool.ReadyGroup(id)
+	pl, err := d.poolOf(id)
+	if err != nil {
+		return nil, err
+	}
+	g, snaps, err := pl.Pool.ReadyGroup(id)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -166,13 +207,17 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 		// Not "deleted": the group is still on its node.
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: delete it through that node's plugin", status.Convert(err).Message())
 	}
+	pl, err := d.poolToDelete(id, pool.ValidGroupID)
+	if pl == nil {
+		return &csi.DeleteVolumeGroupSnapshotResponse{}, err
+	}
 	defer d.locks.Lock(id)()
-	if g, _, err := d.cfg.Pool.ReadyGroup(id); err == nil {
+	if g, _, err := pl.Pool.ReadyGroup(id); err == nil {
 		if err := d.checkMembers(g, req.GetSnapshotIds()); err != nil {
 			return nil, err
 		}
 	}
-	if err := d.cfg.Pool.DeleteGroupSnapshot(id); err != nil {
+	if err := pl.Pool.DeleteGroupSnapshot(id); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil

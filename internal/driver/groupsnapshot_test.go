@@ -33,7 +33,7 @@ func (f *fakeNode) stagedVolume(name string) (id, dev string) {
 	if _, err := f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwop()}); err != nil {
 		f.t.Fatal(err)
 	}
-	rec, err := f.d.cfg.Pool.Store().Volume(id)
+	rec, err := f.pool("").Store().Volume(id)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func (f *fakeNode) stagedVolume(name string) (id, dev string) {
 
 func snapshotFiles(t *testing.T, f *fakeNode) []string {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(filepath.Dir(f.d.cfg.Pool.SnapshotPath("snap-000000000000000000000000")), "*.img"))
+	m, err := filepath.Glob(filepath.Join(filepath.Dir(f.pool("").SnapshotPath("snap-000000000000000000000000")), "*.img"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestGroupCopyFailureRollsBack(t *testing.T) {
 	if files := snapshotFiles(t, f); len(files) != 0 {
 		t.Fatalf("the failed group left images: %v", files)
 	}
-	if _, err := os.Stat(f.d.cfg.Pool.ImagePath(a)); err != nil {
+	if _, err := os.Stat(f.pool("").ImagePath(a)); err != nil {
 		t.Fatal(err)
 	}
 }

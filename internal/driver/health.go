@@ -17,8 +17,8 @@ var severity = map[node.Severity]csi.VolumeHealthErrorType{
 	node.DataLoss:     csi.VolumeHealthErrorType_DATA_LOSS,
 }
 
-func (d *Driver) volumeHealth(ctx context.Context, id string, viaRuntime bool) (*csi.VolumeHealth, error) {
-	cs, err := d.cfg.Node.Health(ctx, id, viaRuntime)
+func (d *Driver) volumeHealth(ctx context.Context, pl *Pool, id string, viaRuntime bool) (*csi.VolumeHealth, error) {
+	cs, err := pl.Node.Health(ctx, id, viaRuntime)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -30,10 +30,11 @@ func (d *Driver) volumeHealth(ctx context.Context, id string, viaRuntime bool) (
 }
 
 func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
-	if _, err := d.lookup(req.GetVolumeId()); err != nil {
+	pl, _, err := d.lookup(req.GetVolumeId())
+	if err != nil {
 		return nil, err
 	}
-	h, err := d.volumeHealth(ctx, req.GetVolumeId(), false)
+	h, err := d.volumeHealth(ctx, pl, req.GetVolumeId(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +48,11 @@ func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.Contro
 	}
 	resp := &csi.ControllerListVolumeHealthResponse{NextToken: next}
 	for _, v := range vols {
-		h, err := d.volumeHealth(ctx, v.ID, false)
+		var h *csi.VolumeHealth
+		pl, err := d.poolOf(v.ID)
+		if err == nil {
+			h, err = d.volumeHealth(ctx, pl, v.ID, false)
+		}
 		if status.Code(err) == codes.NotFound {
 			continue // deleted meanwhile
 		}
@@ -60,10 +65,11 @@ func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.Contro
 }
 
 func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	if _, err := d.lookup(req.GetVolumeId()); err != nil {
+	pl, v, err := d.lookup(req.GetVolumeId())
+	if err != nil {
 		return nil, err
 	}
-	h, err := d.volumeHealth(ctx, d.volumeID(req.GetVolumeId()), true)
+	h, err := d.volumeHealth(ctx, pl, v.ID, true)
 	if err != nil {
 		return nil, err
 	}
@@ -71,32 +77,35 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
 }
 
-// NodeGetStorageHealth reports on the pool itself: whether it can serve, and
-// whether its filesystem can still hold everything the volumes were promised.
+// NodeGetStorageHealth reports on each pool: whether it can serve, and
+// whether its filesystem can still hold everything the volumes were
+// promised. Each entry names its pool.
 func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
 	resp := &csi.NodeGetStorageHealthResponse{}
-	if err := d.cfg.Pool.Check(); err != nil {
-		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
-			Status: csi.StorageHealthErrorType_STORAGE_UNREACHABLE, Reason: "PoolUnusable",
-			Message: err.Error() + ": check the pool directory and its filesystem",
-		})
-		return resp, nil
-	}
-	free, promised, err := d.cfg.Pool.Unwritten()
+	err := d.eachPool(func(pl *Pool) error {
+		add := func(s csi.StorageHealthErrorType, reason, format string, a ...any) {
+			resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
+				Status: s, Reason: reason, Message: fmt.Sprintf("pool %s: ", pl.Pool.Name()) + fmt.Sprintf(format, a...),
+			})
+		}
+		if err := pl.Pool.Check(); err != nil {
+			add(csi.StorageHealthErrorType_STORAGE_UNREACHABLE, "PoolUnusable", "%v: check the pool directory and its filesystem", err)
+			return nil
+		}
+		free, promised, err := pl.Pool.Unwritten()
+		if err != nil {
+			return toStatus(fmt.Errorf("pool %s: %w", pl.Pool.Name(), err))
+		}
+		if free < promised {
+			add(csi.StorageHealthErrorType_STORAGE_DEGRADED, "PoolOvercommitted", "the pool filesystem has %d bytes free, but volumes and snapshots may still write %d into their sparse images: writes may fail with ENOSPC; give the pool its own filesystem or lower its capacity", free, promised)
+		}
+		if n, last := pl.Node.DirectIORefused(); n > 0 {
+			add(csi.StorageHealthErrorType_STORAGE_DEGRADED, "DirectIORefused", "the pool filesystem refused direct I/O for %d loop device(s) since the plugin started (the last: %s): they work, through the host's page cache, which holds a second copy of their data that no pod's memory limit counts; put the pool on a filesystem that takes O_DIRECT (ext4, xfs), or start the plugin with --direct-io=false to stop asking", n, last)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, toStatus(err)
-	}
-	if free < promised {
-		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
-			Status: csi.StorageHealthErrorType_STORAGE_DEGRADED, Reason: "PoolOvercommitted",
-			Message: fmt.Sprintf("the pool filesystem has %d bytes free, but volumes and snapshots may still write %d into their sparse images: writes may fail with ENOSPC; give the pool its own filesystem or lower --capacity", free, promised),
-		})
-	}
-	if n, last := d.cfg.Node.DirectIORefused(); n > 0 {
-		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
-			Status: csi.StorageHealthErrorType_STORAGE_DEGRADED, Reason: "DirectIORefused",
-			Message: fmt.Sprintf("the pool filesystem refused direct I/O for %d loop device(s) since the plugin started (the last: %s): they work, through the host's page cache, which holds a second copy of their data that no pod's memory limit counts; put the pool on a filesystem that takes O_DIRECT (ext4, xfs), or start the plugin with --direct-io=false to stop asking", n, last),
-		})
+		return nil, err
 	}
 	return resp, nil
 }

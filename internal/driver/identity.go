@@ -31,11 +31,17 @@ func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 	}}, nil
 }
 
-// Probe fails when the pool cannot serve, so that a liveness check restarts
+// Probe fails when a pool cannot serve, so that a liveness check restarts
 // a plugin whose pool went away.
 func (d *Driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
-	if err := d.cfg.Pool.Check(); err != nil {
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	err := d.eachPool(func(pl *Pool) error {
+		if err := pl.Pool.Check(); err != nil {
+			return status.Errorf(codes.FailedPrecondition, "pool %s: %v", pl.Pool.Name(), err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/podvol/podvol/internal/inline"
@@ -25,40 +26,47 @@ const (
 const (
 	AttrSize   = "size"
 	AttrFsType = "fsType"
+	AttrPool   = names.ParamPool
 )
 
-var inlineAttrs = []string{AttrSize, AttrFsType}
+var inlineAttrs = []string{AttrSize, AttrFsType, AttrPool}
 
 func isInline(req *csi.NodePublishVolumeRequest) bool {
 	return req.GetVolumeContext()[ctxEphemeral] == "true"
 }
 
-// inlineID resolves the handle kubelet gave an inline volume to the pool's id.
-func (d *Driver) inlineID(handle string) (string, bool) {
-	if d.cfg.Inline == nil {
-		return "", false
+// inlineID resolves the handle kubelet gave an inline volume to its pool
+// and the pool's id. Kubelet's handle names no pool: each pool's inline
+// manager is asked (a lookup in its store's index).
+func (d *Driver) inlineID(handle string) (*Pool, string, bool) {
+	for _, n := range d.names {
+		pl := d.pools[n]
+		if pl.Inline == nil {
+			continue
+		}
+		if id, ok := pl.Inline.VolumeID(handle); ok {
+			return pl, id, true
+		}
 	}
-	return d.cfg.Inline.VolumeID(handle)
-}
-
-// volumeID is the pool id behind a request's volume id, which kubelet sets
-// to its own handle for inline volumes.
-func (d *Driver) volumeID(id string) string {
-	if inl, ok := d.inlineID(id); ok {
-		return inl
-	}
-	return id
+	return nil, "", false
 }
 
 func (d *Driver) publishInline(ctx context.Context, req *csi.NodePublishVolumeRequest) error {
-	if d.cfg.Inline == nil {
+	attrs := req.GetVolumeContext()
+	pl, ok := d.poolNamed(attrs[AttrPool])
+	if !ok {
+		return d.missingPool(codes.InvalidArgument, attrs[AttrPool])
+	}
+	if pl.Inline == nil {
 		return invalid("this plugin serves no inline ephemeral volumes")
+	}
+	if other, id, ok := d.inlineID(req.GetVolumeId()); ok && other != pl {
+		return status.Errorf(codes.AlreadyExists, "inline volume %s is %s in pool %q, not in pool %q", req.GetVolumeId(), id, other.Pool.Name(), pl.Pool.Name())
 	}
 	c := req.GetVolumeCapability()
 	if c.GetBlock() != nil {
 		return invalid("inline ephemeral volumes are filesystems: block access is not supported")
 	}
-	attrs := req.GetVolumeContext()
 	var unknown []string
 	for k := range attrs {
 		if !slices.Contains(inlineAttrs, k) && !strings.HasPrefix(k, sidecarPrefix) {
@@ -92,7 +100,7 @@ func (d *Driver) publishInline(ctx context.Context, req *csi.NodePublishVolumeRe
 	if req.GetReadonly() {
 		flags = append(flags, "ro")
 	}
-	return toStatus(d.cfg.Inline.Publish(ctx, inline.PublishRequest{
+	return toStatus(pl.Inline.Publish(ctx, inline.PublishRequest{
 		Handle:     req.GetVolumeId(),
 		TargetPath: req.GetTargetPath(),
 		SizeBytes:  size,

@@ -29,7 +29,7 @@ func (f *fakeNode) addVolumes(n int, state string) []string {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = "pv-" + randomHex()
-		err := f.d.cfg.Pool.Store().Create(&store.Volume{ID: ids[i], Name: "bulk-" + ids[i], SizeBytes: 1 << 20, FsType: "ext4",
+		err := f.pool("").Store().Create(&store.Volume{ID: ids[i], Name: "bulk-" + ids[i], SizeBytes: 1 << 20, FsType: "ext4",
 			Parameters: map[string]string{names.ParamFsType: "ext4"}, State: state, Created: time.Now().UTC()})
 		if err != nil {
 			f.t.Fatal(err)
@@ -42,7 +42,7 @@ func (f *fakeNode) addSnapshots(n int, source string) {
 	f.t.Helper()
 	for range n {
 		id := "snap-" + randomHex()
-		if err := f.d.cfg.Pool.Store().CreateSnapshot(&store.Snapshot{ID: id, Name: "bulk-" + id, SourceID: source, SizeBytes: 1 << 20,
+		if err := f.pool("").Store().CreateSnapshot(&store.Snapshot{ID: id, Name: "bulk-" + id, SourceID: source, SizeBytes: 1 << 20,
 			FsType: "ext4", State: store.Ready, Created: time.Now().UTC()}); err != nil {
 			f.t.Fatal(err)
 		}
@@ -111,7 +111,7 @@ func TestCallsCostTheSameAtAnyVolumeCount(t *testing.T) {
 func TestListingPagesAreCursors(t *testing.T) {
 	ctx := context.Background()
 	f := newFakeNode(t)
-	s := f.d.cfg.Pool.Store()
+	s := f.pool("").Store()
 	all := map[string]bool{}
 	for _, id := range f.addVolumes(40, store.Ready) {
 		all[id] = true

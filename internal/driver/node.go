@@ -9,6 +9,7 @@ import (
 
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
+	"github.com/podvol/podvol/internal/pool"
 )
 
 func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
@@ -57,8 +58,12 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err := d.checkNodeRequest(req.GetVolumeId(), "staging target path", req.GetStagingTargetPath(), c); err != nil {
 		return nil, err
 	}
+	pl, err := d.poolOf(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
 	defer d.locks.Lock(req.GetVolumeId())()
-	err := d.cfg.Node.Stage(ctx, node.StageRequest{
+	err = pl.Node.Stage(ctx, node.StageRequest{
 		VolumeID:    req.GetVolumeId(),
 		StagingPath: req.GetStagingTargetPath(),
 		Block:       c.GetBlock() != nil,
@@ -78,8 +83,12 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	if err := d.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
+	pl, err := d.poolOf(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
 	defer d.locks.Lock(req.GetVolumeId())()
-	if err := d.cfg.Node.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
+	if err := pl.Node.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
@@ -101,7 +110,12 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, err
 	}
 	mode := c.GetAccessMode().GetMode()
-	v, err := d.lookup(req.GetVolumeId())
+	if !pool.ValidID(req.GetVolumeId()) {
+		// Kubelet's handle of an inline volume, without the context
+		// that says so, is no volume to publish.
+		return nil, status.Errorf(codes.NotFound, "volume %q does not exist on node %s", req.GetVolumeId(), d.cfg.NodeID)
+	}
+	pl, v, err := d.lookup(req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +123,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err != nil {
 		return nil, err
 	}
-	err = d.cfg.Node.Publish(ctx, node.PublishRequest{
+	err = pl.Node.Publish(ctx, node.PublishRequest{
 		VolumeID:    req.GetVolumeId(),
 		StagingPath: req.GetStagingTargetPath(),
 		TargetPath:  req.GetTargetPath(),
@@ -136,47 +150,55 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		return nil, err
 	}
 	defer d.locks.Lock(req.GetVolumeId())()
-	if _, ok := d.inlineID(req.GetVolumeId()); ok {
-		if err := d.cfg.Inline.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
+	if pl, _, ok := d.inlineID(req.GetVolumeId()); ok {
+		if err := pl.Inline.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
 			return nil, toStatus(err)
 		}
 		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
-	if err := d.cfg.Node.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
+	pl, err := d.poolOf(req.GetVolumeId())
+	if err != nil {
+		// No volume of this node: what is left is the target, which
+		// any pool's node removes the same way if nothing is mounted
+		// there (a repeated unpublish succeeds).
+		pl = d.pools[d.names[0]]
+	}
+	if err := pl.Node.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
 // volumeAtPath validates a request naming a volume and one of its paths and
-// returns the pool's id. The path is compared with the ones the volume was
+// returns its pool and the pool's id. The path is compared with the ones the volume was
 // staged and published at; the only other one looked at (stat) is a raw
 // block volume's device node at kubelet's map path. An unknown one is
 // NOT_FOUND, found by the layers below.
-func (d *Driver) volumeAtPath(id, path string) (string, error) {
+func (d *Driver) volumeAtPath(id, path string) (*Pool, string, error) {
 	if err := checkVolumeID(id); err != nil {
-		return "", err
+		return nil, "", err
 	}
 	if path == "" {
-		return "", invalid("volume path is required")
+		return nil, "", invalid("volume path is required")
 	}
-	if _, err := d.lookup(id); err != nil {
-		return "", err
+	pl, v, err := d.lookup(id)
+	if err != nil {
+		return nil, "", err
 	}
-	// A path that is not clean and absolute, or lies in the pool, is none
+	// A path that is not clean and absolute, or lies in a pool, is none
 	// of the volume's: NOT_FOUND, as the spec words it, and never looked at.
 	if err := d.checkPath("volume path", path); err != nil {
-		return "", status.Errorf(codes.NotFound, "volume %s has no path %q: %s", id, path, status.Convert(err).Message())
+		return nil, "", status.Errorf(codes.NotFound, "volume %s has no path %q: %s", id, path, status.Convert(err).Message())
 	}
-	return d.volumeID(id), nil
+	return pl, v.ID, nil
 }
 
 func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	id, err := d.volumeAtPath(req.GetVolumeId(), req.GetVolumePath())
+	pl, id, err := d.volumeAtPath(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
 		return nil, err
 	}
-	st, err := d.cfg.Node.VolumeStats(ctx, id, req.GetVolumePath())
+	st, err := pl.Node.VolumeStats(ctx, id, req.GetVolumePath())
 	if err != nil {
 		return nil, toStatus(err)
 	}

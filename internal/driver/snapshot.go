@@ -3,7 +3,6 @@ package driver
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -67,9 +66,21 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "the requisite topology does not include this node (%s=%s): a snapshot lives beside its volume", names.TopologyKey, d.cfg.NodeID)
 	}
+	// A snapshot is cut in its volume's pool. A source this node does
+	// not have is the pool's to report (FAILED_PRECONDITION, elsewhere).
+	pl := d.pools[d.names[0]]
+	if pool.ValidID(req.GetSourceVolumeId()) {
+		var err error
+		if pl, err = d.poolOf(req.GetSourceVolumeId()); err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "source volume %s", status.Convert(err).Message())
+		}
+	}
 	defer d.locks.Lock("snapshot/" + req.GetName())()
 	defer d.locks.Lock(req.GetSourceVolumeId())()
-	s, err := d.cfg.Pool.CreateSnapshot(pool.SnapshotRequest{Name: req.GetName(), SourceID: req.GetSourceVolumeId(), Quiesce: d.cfg.Node.Quiesce})
+	if err := nameTaken(d, pl, req.GetName(), (*store.Store).SnapshotByName); err != nil {
+		return nil, err
+	}
+	s, err := pl.Pool.CreateSnapshot(pool.SnapshotRequest{Name: req.GetName(), SourceID: req.GetSourceVolumeId(), Quiesce: pl.Node.Quiesce})
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -86,6 +97,10 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		// call reached the wrong one.
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: delete it through that node's plugin (label its VolumeSnapshotContent snapshot.storage.kubernetes.io/managed-by=<node>)", status.Convert(err).Message())
 	}
+	pl, err := d.poolToDelete(id, pool.ValidSnapshotID)
+	if pl == nil {
+		return &csi.DeleteSnapshotResponse{}, err
+	}
 	defer d.locks.Lock(id)()
 	if _, node := snaphandle.Parse(req.GetSnapshotId()); node == "" {
 		// A handle that names no node may be any node's: reporting a
@@ -94,7 +109,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		// ever. Refused instead (FAILED_PRECONDITION), csi-snapshotter
 		// keeps the content and retries, and its events say where to
 		// send it.
-		if err := d.cfg.Pool.DeleteHeldSnapshot(id); err != nil {
+		if err := pl.Pool.DeleteHeldSnapshot(id); err != nil {
 			if errors.Is(err, errkind.ErrElsewhere) {
 				return nil, status.Errorf(codes.FailedPrecondition, "snapshot %q names no node, and this node (%s) never held it: it is on another node. Label its VolumeSnapshotContent snapshot.storage.kubernetes.io/managed-by=<that node> so that that node's csi-snapshotter deletes it", req.GetSnapshotId(), d.cfg.NodeID)
 			}
@@ -102,7 +117,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		}
 		return &csi.DeleteSnapshotResponse{}, nil
 	}
-	if err := d.cfg.Pool.DeleteSnapshot(id); err != nil {
+	if err := pl.Pool.DeleteSnapshot(id); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.DeleteSnapshotResponse{}, nil
@@ -116,7 +131,11 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 	if err != nil {
 		return nil, err
 	}
-	s, err := d.cfg.Pool.ReadySnapshot(id)
+	pl, err := d.poolOf(id)
+	if err != nil {
+		return nil, err
+	}
+	s, err := pl.Pool.ReadySnapshot(id)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -138,7 +157,11 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 		if err != nil {
 			return resp, nil
 		}
-		s, err := d.cfg.Pool.ReadySnapshot(id)
+		pl, err := d.poolOf(id)
+		if err != nil {
+			return resp, nil
+		}
+		s, err := pl.Pool.ReadySnapshot(id)
 		if errors.Is(err, errkind.ErrNotFound) {
 			return resp, nil
 		}
@@ -152,11 +175,11 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	}
 	// A cursor like ListVolumes'. Filtered by source volume, a page still
 	// reads the other volumes' snapshots between its own.
-	snaps, next, err := d.cfg.Pool.Store().SnapshotPage(start, int(req.GetMaxEntries()), func(s *store.Snapshot) bool {
+	snaps, next, err := pagePools(d, start, int(req.GetMaxEntries()), "snapshots", (*store.Store).SnapshotPage, func(s *store.Snapshot) bool {
 		return s.State == store.Ready && (req.GetSourceVolumeId() == "" || s.SourceID == req.GetSourceVolumeId())
-	})
+	}, func(s *store.Snapshot) string { return s.ID })
 	if err != nil {
-		return nil, toStatus(fmt.Errorf("list snapshots: %w", err))
+		return nil, err
 	}
 	resp.NextToken = next
 	for _, s := range snaps {

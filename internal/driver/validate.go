@@ -19,7 +19,7 @@ import (
 const maxPathLength = 4096
 
 // allowedParams are the StorageClass parameters podvol reads.
-var allowedParams = []string{names.ParamFsType, names.ParamDirectAssign, names.ParamFsGroupChangePolicy, names.ParamReleaseOnNodeLoss}
+var allowedParams = []string{names.ParamFsType, names.ParamDirectAssign, names.ParamFsGroupChangePolicy, names.ParamReleaseOnNodeLoss, names.ParamPool}
 
 // allowedValues restricts parameters whose values are a fixed set.
 var allowedValues = map[string][]string{
@@ -61,10 +61,12 @@ func (d *Driver) checkPath(what, p string) error {
 	if r, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
 		rp = filepath.Join(r, filepath.Base(p))
 	}
-	if pd := d.cfg.Pool.Dir(); rp == pd || strings.HasPrefix(rp, pd+"/") {
-		return invalid("%s %q is inside the pool directory", what, p)
-	}
-	return nil
+	return d.eachPool(func(pl *Pool) error {
+		if pd := pl.Pool.Dir(); rp == pd || strings.HasPrefix(rp, pd+"/") {
+			return invalid("%s %q is inside the directory of pool %s", what, p, pl.Pool.Name())
+		}
+		return nil
+	})
 }
 
 // accessModes podvol serves: all of them on one node.

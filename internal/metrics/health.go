@@ -24,12 +24,13 @@ var conditionDesc = prometheus.NewDesc("podvol_volume_health_condition",
 // timeout, Prometheus' default 10 s.
 const healthTimeout = 5 * time.Second
 
-// AddHealth registers the health gauge; conditions is read at each scrape.
+// AddHealth registers the health gauge of the pool named pool;
+// conditions is read at each scrape.
 // The checks are what NodeGetVolumeHealth runs, on every volume: a few
 // system calls each, so a scrape every 30 s costs little next to the CSI
 // calls themselves.
-func (m *Metrics) AddHealth(conditions func(context.Context) ([]VolumeCondition, error)) {
-	m.podvol.MustRegister(&healthCollector{conditions: conditions})
+func (m *Metrics) AddHealth(pool string, conditions func(context.Context) ([]VolumeCondition, error)) {
+	m.pool(pool, &healthCollector{conditions: conditions})
 }
 
 // Gatherer is the registry: the tests read the metric names podvol exports

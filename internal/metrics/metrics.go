@@ -31,11 +31,11 @@ type Metrics struct {
 	rpc    *prometheus.HistogramVec
 }
 
-// New registers the collectors. poolStats is read at each scrape. Every
-// podvol_* series carries the label node: a scrape config need not add it,
-// and a dashboard can sum pools and calls by node whatever the targets'
-// labels.
-func New(node string, poolStats func() (PoolStats, error)) *Metrics {
+// New registers the call histogram; AddPool and its kin add each pool's
+// collectors. Every podvol_* series carries the label node, and a pool's
+// the label pool too: a scrape config need not add them, and a dashboard
+// can sum pools and calls by node whatever the targets' labels.
+func New(node string) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		rpc: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -46,8 +46,20 @@ func New(node string, poolStats func() (PoolStats, error)) *Metrics {
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.podvol = prometheus.WrapRegistererWith(prometheus.Labels{"node": node}, m.reg)
-	m.podvol.MustRegister(m.rpc, &poolCollector{stats: poolStats})
+	m.podvol.MustRegister(m.rpc)
 	return m
+}
+
+// pool registers a collector of the pool named name: its series carry
+// the label pool.
+func (m *Metrics) pool(name string, c prometheus.Collector) {
+	prometheus.WrapRegistererWith(prometheus.Labels{"pool": name}, m.podvol).MustRegister(c)
+}
+
+// AddPool exports the gauges of the pool named name, read from stats at
+// each scrape.
+func (m *Metrics) AddPool(name string, stats func() (PoolStats, error)) {
+	m.pool(name, &poolCollector{stats: stats})
 }
 
 // ObserveRPC records one finished CSI call.

@@ -18,10 +18,11 @@ var (
 		"Bytes the pool's filesystem has left for the images to grow into.", nil, nil)
 )
 
-// AddFilesystem registers the pool filesystem's gauges; stats is read at
+// AddFilesystem registers the gauges of the filesystem of the pool named
+// pool; stats is read at
 // each scrape (a stat of every image: cheap beside the scrape interval).
-func (m *Metrics) AddFilesystem(stats func() (FilesystemStats, error)) {
-	m.podvol.MustRegister(&fsCollector{stats: stats})
+func (m *Metrics) AddFilesystem(pool string, stats func() (FilesystemStats, error)) {
+	m.pool(pool, &fsCollector{stats: stats})
 }
 
 type fsCollector struct {

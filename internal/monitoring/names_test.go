@@ -35,13 +35,14 @@ var notPodvols = []string{
 // by their descriptions.
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
-	m := metrics.New("node-1", func() (metrics.PoolStats, error) {
+	m := metrics.New("node-1")
+	m.AddPool("default", func() (metrics.PoolStats, error) {
 		return metrics.PoolStats{CapacityBytes: 10 << 30, AllocatedBytes: 1 << 30, Volumes: 1, InlineVolumes: 1, Snapshots: 1}, nil
 	})
-	m.AddHealth(func(context.Context) ([]metrics.VolumeCondition, error) {
+	m.AddHealth("default", func(context.Context) ([]metrics.VolumeCondition, error) {
 		return []metrics.VolumeCondition{{Volume: "v", Reason: "ImageMissing", Severity: "DataLoss"}}, nil
 	})
-	m.AddFilesystem(func() (metrics.FilesystemStats, error) {
+	m.AddFilesystem("default", func() (metrics.FilesystemStats, error) {
 		return metrics.FilesystemStats{UsedBytes: 1 << 20, AvailableBytes: 5 << 30}, nil
 	})
 	m.ObserveRPC("NodeStageVolume", "OK", time.Second)

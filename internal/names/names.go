@@ -23,6 +23,10 @@ const (
 	// ParamReleaseOnNodeLoss is read by podvol-controller's node-loss:
 	// "false" keeps the volumes of a lost node.
 	ParamReleaseOnNodeLoss = "releaseOnNodeLoss"
+	// ParamPool names the pool a class's volumes go to, and the
+	// volumeAttribute of an inline volume that does; absent: the pool
+	// named default.
+	ParamPool = "pool"
 )
 
 // Annotations of PersistentVolumeClaims.

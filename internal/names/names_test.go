@@ -17,7 +17,7 @@ func TestManifestsUseTheseNames(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("deploy/base manifests: %v", err)
 	}
-	params := []string{ParamFsType, ParamDirectAssign, ParamFsGroupChangePolicy, ParamReleaseOnNodeLoss}
+	params := []string{ParamFsType, ParamDirectAssign, ParamFsGroupChangePolicy, ParamReleaseOnNodeLoss, ParamPool}
 	topology := regexp.MustCompile(`topology\.[a-z0-9.-]+/[a-z0-9.-]+`)
 	seen := map[string]bool{}
 	for _, f := range files {

@@ -259,5 +259,3 @@ func (p *Pool) recoverSnapshots() []error {
 	}
 	return errs
 }
-
-

@@ -328,7 +328,7 @@ func TestDirectIORefusedPool(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), "\npodvol_loop_direct_io_refused_total{node=\""+node+"\"} 1\n") {
+	if !strings.Contains(string(body), "\npodvol_loop_direct_io_refused_total{node=\""+node+"\",pool=\"default\"} 1\n") {
 		t.Fatalf("metrics do not count the refusal:\n%s", body)
 	}
 	e.down(id)

@@ -48,13 +48,13 @@ func TestMetricsAndHealthz(t *testing.T) {
 	}
 	m := get("/metrics")
 	for _, want := range []string{
-		// Every podvol series names its node.
-		`podvol_pool_capacity_bytes{node="node-1"} 1.073741824e+10`,
-		`podvol_pool_allocated_bytes{node="node-1"} 4.194304e+08`, // two volumes and a snapshot of the first
-		`podvol_pool_free_bytes{node="node-1"} 1.031798784e+10`,
-		`podvol_volumes{kind="persistent",node="node-1"} 2`,
-		`podvol_volumes{kind="inline",node="node-1"} 0`,
-		`podvol_snapshots{node="node-1"} 1`,
+		// Every podvol series names its node, a pool's its pool.
+		`podvol_pool_capacity_bytes{node="node-1",pool="default"} 1.073741824e+10`,
+		`podvol_pool_allocated_bytes{node="node-1",pool="default"} 4.194304e+08`, // two volumes and a snapshot of the first
+		`podvol_pool_free_bytes{node="node-1",pool="default"} 1.031798784e+10`,
+		`podvol_volumes{kind="persistent",node="node-1",pool="default"} 2`,
+		`podvol_volumes{kind="inline",node="node-1",pool="default"} 0`,
+		`podvol_snapshots{node="node-1",pool="default"} 1`,
 		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateSnapshot",node="node-1"} 1`,
 		`podvol_csi_operation_duration_seconds_count{code="OK",method="CreateVolume",node="node-1"} 2`,
 		`podvol_csi_operation_duration_seconds_count{code="OK",method="DeleteVolume",node="node-1"} 1`,
@@ -66,8 +66,8 @@ func TestMetricsAndHealthz(t *testing.T) {
 	for _, want := range []*regexp.Regexp{
 		// The images' written blocks (mkfs wrote some) and what their
 		// filesystem has left.
-		regexp.MustCompile(`\npodvol_pool_used_bytes\{node="node-1"\} [1-9]`),
-		regexp.MustCompile(`\npodvol_pool_filesystem_available_bytes\{node="node-1"\} [1-9]`),
+		regexp.MustCompile(`\npodvol_pool_used_bytes\{node="node-1",pool="default"\} [1-9]`),
+		regexp.MustCompile(`\npodvol_pool_filesystem_available_bytes\{node="node-1",pool="default"\} [1-9]`),
 	} {
 		if !want.MatchString(m) {
 			t.Errorf("metrics lack %s", want)
@@ -83,7 +83,7 @@ func TestMetricsAndHealthz(t *testing.T) {
 	e.must("move the image away", os.Rename(img, img+".away"))
 	lost := get("/metrics")
 	e.must("move the image back", os.Rename(img+".away", img))
-	want := fmt.Sprintf(`podvol_volume_health_condition{node="node-1",reason="ImageMissing",severity="DataLoss",volume=%q} 1`, b.GetVolumeId())
+	want := fmt.Sprintf(`podvol_volume_health_condition{node="node-1",pool="default",reason="ImageMissing",severity="DataLoss",volume=%q} 1`, b.GetVolumeId())
 	if !strings.Contains(lost, want) {
 		t.Errorf("metrics lack %s:\n%s", want, grep(lost, "podvol_volume_health"))
 	}

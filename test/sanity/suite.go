@@ -1,6 +1,7 @@
 // Package suite runs csi-sanity against the real podvol-plugin binary, with
 // real loop devices and mounts. Ginkgo allows one suite per process, so each
-// variant (ext4, xfs, block) is its own test package calling Run.
+// variant (ext4, xfs, block, a second pool) is its own test package calling
+// Run.
 package suite
 
 import (
@@ -20,6 +21,12 @@ type Variant struct {
 	AccessType string            // "mount" or "block"
 	Parameters map[string]string // StorageClass parameters, e.g. fsType
 	Size       int64
+	// Args are more plugin arguments; "{dir}" stands for the test
+	// directory.
+	Args []string
+	// Check, if set, runs after the suite against the plugin that served
+	// it.
+	Check func(*testing.T, *plugintest.Plugin)
 	// Unfit lists specs this machine cannot pass, with the reason; they
 	// are skipped by name, and the reason is logged.
 	Unfit map[string]string
@@ -29,7 +36,7 @@ type Variant struct {
 func Run(t *testing.T, v Variant) {
 	plugintest.RequireRoot(t)
 	dir := plugintest.TempDir(t)
-	p := plugintest.Start(t, plugintest.Options{Dir: dir})
+	p := plugintest.Start(t, plugintest.Options{Dir: dir, Args: v.Args})
 
 	cfg := sanity.NewTestConfig()
 	cfg.Address = p.Endpoint
@@ -50,5 +57,8 @@ func Run(t *testing.T, v Variant) {
 		}
 	}
 	sanity.Test(t, cfg)
+	if v.Check != nil {
+		v.Check(t, p)
+	}
 	p.Stop()
 }
