@@ -1,0 +1,52 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestPoolSpecs(t *testing.T) {
+	for _, c := range []struct {
+		flags      []string
+		poolDir    string
+		poolDirSet bool
+		capacity   string
+		want       string // name=dir:capacity, space-separated; or the error's text
+	}{
+		{nil, "/var/lib/podvol", false, "", "default=/var/lib/podvol:0"},
+		{nil, "/p", true, "1Gi", "default=/p:1073741824"},
+		{[]string{"fast=/nvme/podvol,capacity=2Gi"}, "/var/lib/podvol", false, "", "fast=/nvme/podvol:2147483648"},
+		{[]string{"fast=/nvme"}, "/p", true, "", "fast=/nvme:0 default=/p:0"},
+		{[]string{"default=/a", "fast=/b"}, "/var/lib/podvol", false, "", "default=/a:0 fast=/b:0"},
+		{[]string{"fast=/b"}, "/var/lib/podvol", false, "1Gi", "--capacity is the capacity of --pool-dir"},
+		{[]string{"default=/a"}, "/p", true, "", "pool default is given twice: by --pool-dir and by --pool"},
+		{[]string{"fast=/a", "fast=/b"}, "", false, "", "pool fast is given twice"},
+		{[]string{"a=/x", "b=/x/"}, "", false, "", "have one directory, /x"},
+		{[]string{"a=/x", "b=/x/y"}, "", false, "", "one's directory is inside the other's"},
+		{[]string{"a=/xy", "b=/x"}, "", false, "", "a=/xy:0 b=/x:0"},
+		{[]string{"Fast=/x"}, "", false, "", "must be 1 to 16 lower-case letters and digits"},
+		{[]string{"default-2=/x"}, "", false, "", "must be 1 to 16 lower-case letters and digits"},
+		{[]string{"fast"}, "", false, "", "want NAME=DIR[,capacity=SIZE]"},
+		{[]string{"fast=rel/dir"}, "", false, "", "must be an absolute path"},
+		{[]string{"fast=/x,size=1Gi"}, "", false, "", `unknown option "size=1Gi"`},
+		{[]string{"fast=/x,capacity=lots"}, "", false, "", "want a positive quantity"},
+	} {
+		specs, err := poolSpecs(c.flags, c.poolDir, c.poolDirSet, c.capacity)
+		var got string
+		if err != nil {
+			got = err.Error()
+		} else {
+			var parts []string
+			for _, s := range specs {
+				parts = append(parts, s.name+"="+s.dir+":"+strconv.FormatInt(s.capacity, 10))
+			}
+			got = strings.Join(parts, " ")
+		}
+		// Specs are spelled name=dir:capacity, whose "=/" no error has.
+		wantSpecs := strings.Contains(c.want, "=/")
+		if (err == nil) != wantSpecs || (wantSpecs && got != c.want) || !strings.Contains(got, c.want) {
+			t.Errorf("poolSpecs(%q, %q, %v, %q) = %q, want %q", c.flags, c.poolDir, c.poolDirSet, c.capacity, got, c.want)
+		}
+	}
+}
