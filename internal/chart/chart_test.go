@@ -134,7 +134,10 @@ func TestEveryOption(t *testing.T) {
 		`"mirror.example.invalid/sig/snapshot-controller:v0.0.4"`,
 		"imagePullPolicy: Always", "- name: podvol-pull",
 		// node
-		"--pool-dir=/mnt/fast/podvol", "path: /mnt/fast/podvol,", "mountPath: /mnt/fast/podvol}",
+		"--pool=default=/mnt/fast/podvol\n", "path: /mnt/fast/podvol,", "mountPath: /mnt/fast/podvol}",
+		"--pool=bulk=/mnt/hdd/podvol,capacity=2Ti", "{name: pool-bulk, hostPath: {path: /mnt/hdd/podvol,",
+		"name: podvol-node-nvme", names.PoolSetLabel + ": nvme", "--pool=default=/mnt/fast/podvol,capacity=100Gi", "--pool=fast=/mnt/nvme/podvol,capacity=300Gi",
+		"operator: NotIn\n                values:\n                - nvme", "pool: \"fast\"",
 		"value: \"/var/lib/k0s/kubelet\"", "path: /var/lib/k0s/kubelet/plugins_registry,", "mountPath: /var/lib/k0s/kubelet,",
 		"--metrics-address=:19808", "port: 19808,",
 		"priorityClassName: system-cluster-critical", "key: storage", "podvol.io/storage-node: \"true\"", "kubernetes.io/os",
@@ -191,6 +194,11 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{name: "top-level typo", set: []string{"storageClass=x"}, want: []string{"storageClass"}},
 		{name: "wrong type", set: []string{"controller.replicas=two"}, want: []string{"/controller/replicas", "integer"}},
 		{name: "relative pool dir", set: []string{"node.poolDir=data"}, want: []string{"/node/poolDir"}},
+		{name: "bad pool name", file: "node:\n  pools: [{name: Fast, dir: /x}]\n", want: []string{"/node/pools/0/name"}},
+		{name: "pool without dir", file: "node:\n  pools: [{name: fast}]\n", want: []string{"/node/pools/0", "dir"}},
+		{name: "bad pool capacity", file: "node:\n  pools: [{name: fast, dir: /x, capacity: lots}]\n", want: []string{"/node/pools/0/capacity"}},
+		{name: "empty pool set", file: "node:\n  poolSets: [{name: a, pools: []}]\n", want: []string{"/node/poolSets/0/pools"}},
+		{name: "bad class pool", file: "storageClasses:\n  - name: x\n    parameters: {pool: NVMe}\n", want: []string{"/storageClasses/0/parameters/pool"}},
 		{name: "unknown class parameter", file: "storageClasses:\n  - name: x\n    parameters: {fstype: xfs}\n", want: []string{"fstype", "/storageClasses/0/parameters"}},
 		{name: "bad class parameter value", file: "storageClasses:\n  - name: x\n    parameters: {directAssign: sometimes}\n", want: []string{"/storageClasses/0/parameters/directAssign"}},
 		{name: "bad grace", set: []string{"controller.nodeLossGracePeriod=5 minutes"}, want: []string{"/controller/nodeLossGracePeriod"}},
@@ -246,7 +254,7 @@ func TestSchemaClassParametersAreNames(t *testing.T) {
 	if len(params) == 0 {
 		t.Fatal("values.schema.json lists no StorageClass parameter")
 	}
-	known := []string{names.ParamDirectAssign, names.ParamFsGroupChangePolicy, names.ParamReleaseOnNodeLoss}
+	known := []string{names.ParamDirectAssign, names.ParamFsGroupChangePolicy, names.ParamReleaseOnNodeLoss, names.ParamPool}
 	for k := range params {
 		if !strings.HasPrefix(k, "csi.storage.k8s.io/") && !slices.Contains(known, k) {
 			t.Errorf("values.schema.json allows StorageClass parameter %s, which podvol does not read", k)
@@ -255,6 +263,27 @@ func TestSchemaClassParametersAreNames(t *testing.T) {
 	for _, k := range known {
 		if _, ok := params[k]; !ok {
 			t.Errorf("values.schema.json does not allow StorageClass parameter %s", k)
+		}
+	}
+}
+
+// Pools the plugin would refuse at start are refused by the chart first,
+// naming them: a name given twice in a DaemonSet's pools, or a pool set
+// given twice.
+func TestChartRefusesDuplicatePools(t *testing.T) {
+	h := helm(t)
+	for _, c := range []struct{ file, want string }{
+		{"node:\n  pools: [{name: default, dir: /x}]\n", "node.poolDir and node.pools: two pools have one name (default, default)"},
+		{"node:\n  poolSets: [{name: a, pools: [{name: x, dir: /x}, {name: x, dir: /y}]}]\n", "node.poolSets a: two pools have one name (x, x)"},
+		{"node:\n  poolSets: [{name: a, pools: [{name: x, dir: /x}]}, {name: a, pools: [{name: z, dir: /z}]}]\n", "node.poolSets: two sets have one name (a, a)"},
+	} {
+		f := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(f, []byte(c.file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Template(context.Background(), h, repo, "--values", f)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("helm template with %q: %v, want an error naming %q", c.file, err, c.want)
 		}
 	}
 }
