@@ -244,10 +244,10 @@ func testMetricsMatchVolumes(t *testing.T) {
 			}
 			return sum
 		}
-		if got := metric(`podvol_volumes\{kind="persistent",node="[^"]+"\} (\S+)`); got != len(pvs) {
+		if got := metric(`podvol_volumes\{kind="persistent",node="[^"]+",pool="default"\} (\S+)`); got != len(pvs) {
 			return fmt.Sprintf("podvol_volumes{kind=persistent} = %d, podvol PVs: %d (%v)", got, len(pvs), pvs)
 		}
-		if got := metric(`podvol_volumes\{kind="inline",node="[^"]+"\} (\S+)`); got < 1 {
+		if got := metric(`podvol_volumes\{kind="inline",node="[^"]+",pool="default"\} (\S+)`); got < 1 {
 			return fmt.Sprintf("podvol_volumes{kind=inline} = %d with an inline pod running", got)
 		}
 		if got := metric(`podvol_csi_operation_duration_seconds_count\{code="OK",method="NodePublishVolume",node="[^"]+"\} (\S+)`); got < 2 {

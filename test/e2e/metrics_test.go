@@ -76,7 +76,7 @@ spec:
 	for _, node := range cluster.Nodes {
 		base := "https://" + node.IP() + ":9808" + names.MetricsPath
 		targets = append(targets,
-			scrapeTarget{base, `podvol_pool_capacity_bytes{node="` + node.Name + `"}`, node.Name},
+			scrapeTarget{base, `podvol_pool_capacity_bytes{node="` + node.Name + `",pool="default"}`, node.Name},
 			scrapeTarget{base + "/csi-provisioner", "csi_sidecar_operations_seconds_count{", node.Name},
 			scrapeTarget{base + "/csi-resizer", "csi_sidecar_operations_seconds_count{", node.Name},
 			scrapeTarget{base + "/csi-snapshotter", "csi_sidecar_operations_seconds_count{", node.Name})
