@@ -419,7 +419,9 @@ func (c *Cluster) poolOf(node string) string {
 	return "(node " + node + " is not one of the dev cluster's)"
 }
 
-var poolCapacity = regexp.MustCompile(`(?m)^podvol_pool_capacity_bytes(?:\{[^}]*\})? (\S+)$`)
+// poolCapacity finds a pool's capacity in the plugin's metrics; %s is
+// the pool's name, quoted for a regular expression.
+const poolCapacity = `(?m)^podvol_pool_capacity_bytes\{[^}]*pool="%s"[^}]*\} (\S+)$`
 
 // capacityCaughtUp waits until the pool size kubectl podvol shows for each
 // node (free space from CSIStorageCapacity plus what the API says is
@@ -445,18 +447,18 @@ func (c *Cluster) capacityCaughtUp(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			m := poolCapacity.FindStringSubmatch(page)
+			m := regexp.MustCompile(fmt.Sprintf(poolCapacity, regexp.QuoteMeta(s.Pool))).FindStringSubmatch(page)
 			if m == nil {
-				return fmt.Errorf("node %s's plugin exports no pool capacity", s.Node)
+				return fmt.Errorf("node %s's plugin exports no capacity of pool %s", s.Node, s.Pool)
 			}
 			want, _ := strconv.ParseFloat(m[1], 64)
 			if s.PoolBytes == nil {
 				time.Sleep(2 * time.Second)
-				return fmt.Errorf("node %s publishes no capacity: %w", s.Node, errNotYet)
+				return fmt.Errorf("node %s publishes no capacity of pool %s: %w", s.Node, s.Pool, errNotYet)
 			}
 			if *s.PoolBytes != int64(want) {
 				time.Sleep(2 * time.Second)
-				return fmt.Errorf("node %s: free + allocated is %d bytes, its pool %d: %w", s.Node, *s.PoolBytes, int64(want), errNotYet)
+				return fmt.Errorf("node %s pool %s: free + allocated is %d bytes, its size %d: %w", s.Node, s.Pool, *s.PoolBytes, int64(want), errNotYet)
 			}
 		}
 		return nil

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -543,5 +545,49 @@ func TestDeployBaseNames(t *testing.T) {
 	p, err := os.ReadFile("../../cmd/podvol-plugin/main.go")
 	if err != nil || !strings.Contains(string(p), `"inline-default-size", "`+defaultInlineSize+`"`) || !strings.HasPrefix(inlineSizeFlag, "--inline-default-size") {
 		t.Errorf("the plugin's --inline-default-size or its default %s changed (%v)", defaultInlineSize, err)
+	}
+}
+
+// A node's pools each get a line: the default one always, another where a
+// class of it has capacity on the node or the node holds something of it.
+// Each object counts in the pool its handle (or an inline volume's
+// attribute) names, and each pool's free space is its classes' capacity.
+func TestStatusPerPool(t *testing.T) {
+	fast := class("podvol-fast", "")
+	fast.Parameters[names.ParamPool] = "fast"
+	inline := corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: names.Driver,
+		VolumeAttributes: map[string]string{"size": "1Gi", names.ParamPool: "fast"}}}}
+	p := pod("ns", "user", "a", inline)
+	p.Status.Phase = corev1.PodRunning
+	st := &State{
+		Nodes:   []corev1.Node{*node("a", true), *node("b", true)},
+		Classes: []storagev1.StorageClass{*class("podvol", ""), *fast},
+		Capacities: []storagev1.CSIStorageCapacity{*capacity("a", "podvol", 5*gi), *capacity("a", "podvol-fast", 2*gi),
+			*capacity("b", "podvol", 7*gi), *capacity("b", "podvol-fast", 0)},
+		PVs: []corev1.PersistentVolume{*pv("pv-a", "pv-0123456789abcdef01234567", "a", "podvol", "ns/a", gi),
+			*pv("pv-b", "pv-fast-0123456789abcdef01234567", "a", "podvol-fast", "ns/b", 3*gi)},
+		Pods:     []corev1.Pod{*p},
+		Contents: []Content{{Name: "c", Handle: "snap-fast-0123456789abcdef01234567@a", RestoreBytes: 3 * gi, Ready: true}},
+	}
+	rows := st.Status()
+	var got []string
+	for _, r := range rows {
+		got = append(got, fmt.Sprintf("%s/%s size %s allocated %s free %s volumes %d inline %d snapshots %d",
+			r.Node, r.Pool, humanPtr(r.PoolBytes), HumanBytes(r.AllocatedBytes), humanPtr(r.FreeBytes), r.Volumes, r.InlineVolumes, r.Snapshots))
+	}
+	want := []string{
+		"a/default size 6Gi allocated 1Gi free 5Gi volumes 1 inline 0 snapshots 0",
+		"a/fast size 9Gi allocated 7Gi free 2Gi volumes 2 inline 1 snapshots 1",
+		"b/default size 7Gi allocated 0 free 7Gi volumes 0 inline 0 snapshots 0",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("status:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	var out bytes.Buffer
+	if err := PrintStatus(&out, OutputTable, rows); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^a +fast +9Gi +7Gi +2Gi +2 \(1 inline\) +1 `).MatchString(out.String()) {
+		t.Errorf("status table has no line for pool fast of node a:\n%s", out.String())
 	}
 }

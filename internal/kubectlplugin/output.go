@@ -84,7 +84,7 @@ func PrintStatus(w io.Writer, format string, rows []NodeStatus) error {
 		return structured(w, format, "nodes", rows)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tPOOL\tALLOCATED\tFREE\tVOLUMES\tSNAPSHOTS\tRELEASED\tVERSION\tHEALTH")
+	fmt.Fprintln(tw, "NODE\tPOOL\tSIZE\tALLOCATED\tFREE\tVOLUMES\tSNAPSHOTS\tRELEASED\tVERSION\tHEALTH")
 	for _, r := range rows {
 		vols := strconv.Itoa(r.Volumes)
 		if r.InlineVolumes > 0 {
@@ -94,7 +94,7 @@ func PrintStatus(w io.Writer, format string, rows []NodeStatus) error {
 		if len(r.Health) > 0 {
 			health = strings.Join(r.Health, "; ")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Node, humanPtr(r.PoolBytes), HumanBytes(r.AllocatedBytes),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Node, r.Pool, humanPtr(r.PoolBytes), HumanBytes(r.AllocatedBytes),
 			humanPtr(r.FreeBytes), vols, r.Snapshots, r.Released, dash(r.Version), health)
 	}
 	return tw.Flush()

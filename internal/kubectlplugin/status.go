@@ -12,14 +12,17 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/size"
 	"github.com/podvol/podvol/internal/snaphandle"
 	"github.com/podvol/podvol/internal/topology"
 )
 
-// NodeStatus is one node's line of `kubectl podvol status`.
+// NodeStatus is one line of `kubectl podvol status`: a node's pool.
 type NodeStatus struct {
 	Node string `json:"node"`
+	// Pool is the pool's name (pool.DefaultName for a node's only pool).
+	Pool string `json:"pool"`
 	// PoolBytes is FreeBytes + AllocatedBytes; nil with FreeBytes when
 	// the node publishes no capacity.
 	PoolBytes *int64 `json:"poolBytes"`
@@ -98,7 +101,9 @@ func (st *State) inlineDefault(node string) string {
 // Inline is a CSI inline podvol volume of a pod.
 type Inline struct {
 	Pod, Volume, Node string
-	Bytes             int64
+	// Pool is the pool its attributes name.
+	Pool  string
+	Bytes int64
 }
 
 // inlines are the inline podvol volumes of pods that have not finished,
@@ -125,7 +130,11 @@ func (st *State) inlines() []Inline {
 			if b, err := size.ParseQuantity(q); err == nil {
 				n, _ = size.For(b, 0, fs)
 			}
-			out = append(out, Inline{Pod: p.Namespace + "/" + p.Name, Volume: v.Name, Node: p.Spec.NodeName, Bytes: n})
+			poolName := v.CSI.VolumeAttributes[names.ParamPool]
+			if poolName == "" {
+				poolName = pool.DefaultName
+			}
+			out = append(out, Inline{Pod: p.Namespace + "/" + p.Name, Volume: v.Name, Node: p.Spec.NodeName, Pool: poolName, Bytes: n})
 		}
 	}
 	return out
@@ -145,12 +154,32 @@ func (st *State) contentNode(c Content) string {
 	return ""
 }
 
-// freeOn is what the node's CSIStorageCapacity of a podvol class says.
-func (st *State) freeOn(node string) *int64 {
+// classPool is the pool a podvol class's volumes go to.
+func classPool(c *storagev1.StorageClass) string {
+	if p := c.Parameters[names.ParamPool]; p != "" {
+		return p
+	}
+	return pool.DefaultName
+}
+
+// poolOfHandle is the pool a volume or snapshot handle names (the default
+// pool for one that names none, or is not podvol's shape).
+func poolOfHandle(handle string) string {
+	id, _ := snaphandle.Parse(handle)
+	if p, ok := pool.PoolOf(id); ok {
+		return p
+	}
+	return pool.DefaultName
+}
+
+// freeOn is what the node's CSIStorageCapacity of a podvol class of the
+// pool says.
+func (st *State) freeOn(node, poolName string) *int64 {
 	classes := st.podvolClasses()
 	for i := range st.Capacities {
 		c := &st.Capacities[i]
-		if classes[c.StorageClassName] == nil || c.Capacity == nil || c.NodeTopology == nil {
+		class := classes[c.StorageClassName]
+		if class == nil || classPool(class) != poolName || c.Capacity == nil || c.NodeTopology == nil {
 			continue
 		}
 		sel, err := metav1.LabelSelectorAsSelector(c.NodeTopology)
@@ -196,32 +225,67 @@ func imageTag(ref string) string {
 	return "latest"
 }
 
-// Status is `kubectl podvol status`: one line per Node.
+// Status is `kubectl podvol status`: a line per node and pool. Every node
+// has a line of its default pool; another pool has one where the API shows
+// it: capacity published for a class of it, or a volume or snapshot in it.
+// (A node without a class's pool publishes capacity 0 for the class.)
 func (st *State) Status() []NodeStatus {
-	byNode := map[string]*NodeStatus{}
+	byKey := map[[2]string]*NodeStatus{}
 	var out []*NodeStatus
-	for i := range st.Nodes {
-		s := &NodeStatus{Node: st.Nodes[i].Name}
-		byNode[s.Node] = s
+	row := func(node, poolName string, create bool) *NodeStatus {
+		k := [2]string{node, poolName}
+		if s := byKey[k]; s != nil || !create {
+			return s
+		}
+		s := &NodeStatus{Node: node, Pool: poolName}
+		byKey[k] = s
 		out = append(out, s)
+		return s
+	}
+	nodes := map[string]*corev1.Node{}
+	for i := range st.Nodes {
+		nodes[st.Nodes[i].Name] = &st.Nodes[i]
+		row(st.Nodes[i].Name, pool.DefaultName, true)
+	}
+	pools := map[string]bool{}
+	for _, c := range st.podvolClasses() {
+		pools[classPool(c)] = true
+	}
+	for n := range nodes {
+		for p := range pools {
+			if f := st.freeOn(n, p); f != nil && *f > 0 {
+				row(n, p, true)
+			}
+		}
+	}
+	// Objects of a pool make its line on their node (if the node is one).
+	on := func(node, poolName string) *NodeStatus {
+		if nodes[node] == nil {
+			return nil
+		}
+		return row(node, poolName, true)
 	}
 	for i := range st.PVs {
-		if s := byNode[topology.Node(&st.PVs[i])]; s != nil {
+		pv := &st.PVs[i]
+		if s := on(topology.Node(pv), poolOfHandle(pv.Spec.CSI.VolumeHandle)); s != nil {
 			s.Volumes++
-			if q, ok := st.PVs[i].Spec.Capacity[corev1.ResourceStorage]; ok {
+			if q, ok := pv.Spec.Capacity[corev1.ResourceStorage]; ok {
 				s.AllocatedBytes += q.Value()
 			}
 		}
 	}
 	for _, in := range st.inlines() {
-		if s := byNode[in.Node]; s != nil {
+		if s := on(in.Node, in.Pool); s != nil {
 			s.Volumes++
 			s.InlineVolumes++
 			s.AllocatedBytes += in.Bytes
 		}
 	}
 	for _, c := range st.Contents {
-		if s := byNode[st.contentNode(c)]; s != nil && c.Handle != "" {
+		if c.Handle == "" {
+			continue
+		}
+		if s := on(st.contentNode(c), poolOfHandle(c.Handle)); s != nil {
 			s.Snapshots++
 			s.AllocatedBytes += c.RestoreBytes
 		}
@@ -229,21 +293,29 @@ func (st *State) Status() []NodeStatus {
 	// A released volume's image stays allocated in its node's pool until
 	// it is reclaimed.
 	for _, r := range st.Released() {
-		if s := byNode[r.Node]; s != nil {
+		if s := on(r.Node, poolOfHandle(r.Handle)); s != nil {
 			s.Released++
 			s.AllocatedBytes += r.Bytes
 		}
 	}
-	for i := range st.Nodes {
-		n := &st.Nodes[i]
-		s := byNode[n.Name]
-		if s.FreeBytes = st.freeOn(n.Name); s.FreeBytes != nil {
-			pool := *s.FreeBytes + s.AllocatedBytes
-			s.PoolBytes = &pool
+	for _, s := range out {
+		if s.FreeBytes = st.freeOn(s.Node, s.Pool); s.FreeBytes != nil {
+			size := *s.FreeBytes + s.AllocatedBytes
+			s.PoolBytes = &size
 		}
-		s.Health = st.health(n, s)
+		s.Health = st.health(nodes[s.Node], s)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	// Nodes in name order, each node's default pool first.
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Node != b.Node {
+			return a.Node < b.Node
+		}
+		if (a.Pool == pool.DefaultName) != (b.Pool == pool.DefaultName) {
+			return a.Pool == pool.DefaultName
+		}
+		return a.Pool < b.Pool
+	})
 	res := make([]NodeStatus, len(out))
 	for i, s := range out {
 		res[i] = *s

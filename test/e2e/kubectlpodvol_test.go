@@ -28,20 +28,21 @@ func podvolJSON(t *testing.T, v any, args ...string) {
 
 // pluginGauges reads a node's pool gauges from its plugin's /metrics (on
 // the node's loopback, where kubectl podvol cannot reach them).
-func pluginGauges(t *testing.T, node *devcluster.Node) (map[string]int64, error) {
+func pluginGauges(t *testing.T, node *devcluster.Node, poolName string) (map[string]int64, error) {
 	page, err := node.FetchMetrics(ctx(t), devcluster.PluginMetrics)
 	if err != nil {
 		return nil, err
 	}
 	g := map[string]int64{}
-	// Whatever other labels a series has (a node label, say).
+	// The pool's series, whatever other labels they have (node).
+	inPool := `[^}]*pool="` + regexp.QuoteMeta(poolName) + `"[^}]*`
 	for k, re := range map[string]string{
-		"capacity":  `(?m)^podvol_pool_capacity_bytes(?:\{[^}]*\})? (\S+)$`,
-		"allocated": `(?m)^podvol_pool_allocated_bytes(?:\{[^}]*\})? (\S+)$`,
-		"free":      `(?m)^podvol_pool_free_bytes(?:\{[^}]*\})? (\S+)$`,
-		"volumes":   `(?m)^podvol_volumes\{[^}]*kind="persistent"[^}]*\} (\S+)$`,
-		"inline":    `(?m)^podvol_volumes\{[^}]*kind="inline"[^}]*\} (\S+)$`,
-		"snapshots": `(?m)^podvol_snapshots(?:\{[^}]*\})? (\S+)$`,
+		"capacity":  `(?m)^podvol_pool_capacity_bytes\{` + inPool + `\} (\S+)$`,
+		"allocated": `(?m)^podvol_pool_allocated_bytes\{` + inPool + `\} (\S+)$`,
+		"free":      `(?m)^podvol_pool_free_bytes\{` + inPool + `\} (\S+)$`,
+		"volumes":   `(?m)^podvol_volumes\{[^}]*kind="persistent"` + inPool + `\} (\S+)$`,
+		"inline":    `(?m)^podvol_volumes\{[^}]*kind="inline"` + inPool + `\} (\S+)$`,
+		"snapshots": `(?m)^podvol_snapshots\{` + inPool + `\} (\S+)$`,
 	} {
 		m := regexp.MustCompile(re).FindStringSubmatch(page)
 		if m == nil {
@@ -70,12 +71,12 @@ func statusAgrees(t *testing.T, only string) ([]kubectlplugin.NodeStatus, string
 		if node == nil {
 			return nil, "status lists " + s.Node + ", not a node of the cluster"
 		}
-		g, err := pluginGauges(t, node)
+		g, err := pluginGauges(t, node, s.Pool)
 		if err != nil {
 			return nil, err.Error()
 		}
 		if s.PoolBytes == nil || s.FreeBytes == nil {
-			return nil, fmt.Sprintf("node %s: no pool or free figure: %+v", s.Node, s)
+			return nil, fmt.Sprintf("node %s pool %s: no size or free figure: %+v", s.Node, s.Pool, s)
 		}
 		if *s.PoolBytes != g["capacity"] || *s.FreeBytes != g["free"] || s.AllocatedBytes != g["allocated"] {
 			return nil, fmt.Sprintf("node %s: kubectl podvol says pool %d, allocated %d, free %d; the plugin's metrics %d, %d, %d",
