@@ -41,6 +41,7 @@ func main() {
 		nodeID      = flag.String("node-id", "", "name of this node (required); volumes carry it as topology "+names.TopologyKey)
 		poolDir     = flag.String("pool-dir", "/var/lib/podvol", "directory of the pool named default (volume images and the metadata store); with --pool, served only when set")
 		capacity    = flag.String("capacity", "", "capacity of --pool-dir's pool, e.g. 20Gi; default: the size of the filesystem holding it")
+		lockWait    = flag.Duration("pool-lock-wait", time.Minute, "how long to wait at start for another podvol-plugin holding a pool to let go (a plugin pod being replaced by another DaemonSet's); past it the start fails")
 		forgetPools = flag.String("forget-pool", "", "comma-separated names of pools served before that are gone for good with their volumes: start without them (refused otherwise)")
 		metricsAddr = flag.String("metrics-address", "", "address for /metrics and /healthz, e.g. :9808; empty: off. With API access (in-cluster or --kubeconfig) HTTPS, each request's bearer token reviewed (TokenReview, SubjectAccessReview on the path); without, plain HTTP on a loopback address only")
 		metricsCert = flag.String("metrics-cert-file", "", "serving certificate (PEM) for the metrics, read again when it changes; empty, with --metrics-key-file empty: self-signed at start")
@@ -81,7 +82,7 @@ func main() {
 	if *forgetPools != "" {
 		forget = strings.Split(*forgetPools, ",")
 	}
-	cfg := config{endpoint: *endpoint, nodeID: *nodeID, pools: specs, forget: forget, metricsAddr: *metricsAddr,
+	cfg := config{endpoint: *endpoint, nodeID: *nodeID, pools: specs, forget: forget, lockWait: *lockWait, metricsAddr: *metricsAddr,
 		metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
 		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery}
@@ -96,6 +97,7 @@ type config struct {
 	endpoint, nodeID, metricsAddr     string
 	pools                             []poolSpec
 	forget                            []string
+	lockWait                          time.Duration
 	metricsCert, metricsKey, sidecars string
 	maxVolumes                        int64
 	kubeletDir, inlineSize            string
@@ -156,7 +158,7 @@ func run(c config) error {
 		}
 	}()
 	for _, s := range c.pools {
-		p, err := pool.Open(pool.Config{Name: s.name, Dir: s.dir, Capacity: s.capacity, UnknownImages: c.unknownImages, Device: host})
+		p, err := pool.Open(pool.Config{Name: s.name, Dir: s.dir, Capacity: s.capacity, UnknownImages: c.unknownImages, Device: host, LockWait: c.lockWait})
 		if err != nil {
 			return fmt.Errorf("pool %s: %w", s.name, err)
 		}

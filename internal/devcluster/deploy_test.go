@@ -83,13 +83,17 @@ func TestLoopMountsButKeepsTheClusterDirsFilesystem(t *testing.T) {
 	}
 }
 
-// The dev cluster's values render the chart with the images it builds and
-// its grace period, every sidecar included.
+// The dev cluster's values render the chart with the images it builds, its
+// grace period, every sidecar included, and its pool set and class.
 func TestValuesRenderTheLocalImages(t *testing.T) {
 	repo := filepath.Join("..", "..")
 	c := &Cluster{Config: Config{Repo: repo, NodeLossGrace: time.Minute}, podvolTag: "dev-0123"}
+	values, err := c.values()
+	if err != nil {
+		t.Fatal(err)
+	}
 	f := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(f, []byte(c.values()), 0o644); err != nil {
+	if err := os.WriteFile(f, []byte(values), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
@@ -101,13 +105,16 @@ func TestValuesRenderTheLocalImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{`image: "localhost/podvol-plugin:dev-0123"`, `image: "localhost/podvol-controller:dev-0123"`, "- --node-loss-grace-period=1m0s"}
+	want := []string{`image: "localhost/podvol-plugin:dev-0123"`, `image: "localhost/podvol-controller:dev-0123"`, "- --node-loss-grace-period=1m0s",
+		"name: podvol-node-" + FastPool, "- --pool=" + FastPool + "=" + FastPoolMount, "name: " + FastClass, `pool: "` + FastPool + `"`,
+		// The chart's own classes stay.
+		"name: podvol-xfs", "name: podvol-direct"}
 	for name, v := range sidecarImages {
 		want = append(want, `image: "localhost/`+name+":"+v+`"`)
 	}
 	for _, w := range want {
 		if !strings.Contains(string(out), w) {
-			t.Errorf("the chart rendered with the dev cluster's values has no %q:\n%s", w, c.values())
+			t.Errorf("the chart rendered with the dev cluster's values has no %q:\n%s", w, values)
 		}
 	}
 }

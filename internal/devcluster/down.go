@@ -115,7 +115,9 @@ func (c *Cluster) unmountAll() error {
 	var errs []error
 	pools := map[string]bool{}
 	for _, n := range c.Nodes {
-		pools[n.PoolDir()] = true
+		for _, dir := range n.Pools() {
+			pools[dir] = true
+		}
 	}
 	umount := func(keepPools bool) {
 		ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(c.Dir))

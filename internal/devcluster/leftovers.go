@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"syscall"
 
@@ -33,31 +35,45 @@ func (s PoolState) Empty() bool { return len(s.Loops)+len(s.Mounts) == 0 }
 func (n *Node) PoolState(ctx context.Context) (PoolState, error) {
 	var s PoolState
 	byInode := map[[2]uint64]string{}
-	for _, d := range []string{"volumes", "snapshots"} {
-		ents, err := os.ReadDir(filepath.Join(n.PoolDir(), d))
-		if err != nil && !os.IsNotExist(err) {
+	var tags []string
+	for name, dir := range n.Pools() {
+		// The default pool's images as before (volumes/pv-….img), another
+		// pool's under its name (fast:volumes/pv-fast-….img).
+		prefix := ""
+		if name != pool.DefaultName {
+			prefix = name + ":"
+		}
+		for _, d := range []string{"volumes", "snapshots"} {
+			ents, err := os.ReadDir(filepath.Join(dir, d))
+			if err != nil && !os.IsNotExist(err) {
+				return s, err
+			}
+			for _, e := range ents {
+				if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
+					continue
+				}
+				rel := d + "/" + e.Name()
+				s.Images = append(s.Images, prefix+rel)
+				var st syscall.Stat_t
+				if syscall.Stat(filepath.Join(dir, rel), &st) == nil {
+					byInode[[2]uint64{st.Dev, st.Ino}] = prefix + rel
+				}
+			}
+		}
+		// A device whose image was deleted has no inode left to match:
+		// the pool's tag, which the plugin gives each device it
+		// attaches, names it.
+		tag, err := pool.LoopTag(filepath.Join(dir, "volumes"))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return s, err
 		}
-		for _, e := range ents {
-			if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
-				continue
-			}
-			rel := d + "/" + e.Name()
-			s.Images = append(s.Images, rel)
-			var st syscall.Stat_t
-			if syscall.Stat(filepath.Join(n.PoolDir(), rel), &st) == nil {
-				byInode[[2]uint64{st.Dev, st.Ino}] = rel
-			}
+		if tag != "" {
+			tags = append(tags, tag)
 		}
 	}
+	sort.Strings(s.Images)
 	loops, err := device.LoopDevices()
 	if err != nil {
-		return s, err
-	}
-	// A device whose image was deleted has no inode left to match: the
-	// pool's tag, which the plugin gives each device it attaches, names it.
-	tag, err := pool.LoopTag(filepath.Join(n.PoolDir(), "volumes"))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return s, err
 	}
 	ours := map[string]bool{}
@@ -66,7 +82,7 @@ func (n *Node) PoolState(ctx context.Context) (PoolState, error) {
 		if img, ok := byInode[[2]uint64{d, ino}]; err == nil && ok {
 			s.Loops = append(s.Loops, dev+" ("+img+")")
 			ours[dev] = true
-		} else if tag != "" && device.LoopTag(dev) == tag {
+		} else if slices.Contains(tags, device.LoopTag(dev)) {
 			s.Loops = append(s.Loops, dev+" ("+file+")")
 			ours[dev] = true
 		}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/podvol/podvol/internal/device"
+	"github.com/podvol/podvol/internal/names"
 )
 
 // Node is one node of the dev cluster. Each node is a network namespace and
@@ -50,6 +53,36 @@ func (n *Node) IP() string { return fmt.Sprintf("%s.%d", nodeSubnet, 10+n.Index)
 // it at /var/lib/podvol).
 func (n *Node) PoolDir() string { return n.dir("pool") }
 
+// FastPool is the name of the dev cluster's second pool (a device class),
+// which every node but the last has, each of its own size, so that the
+// class podvol-fast is served by some nodes only; FastPoolMount is where
+// the node's processes see it.
+const (
+	FastPool      = "fast"
+	FastPoolMount = "/var/lib/podvol-fast"
+	FastClass     = "podvol-fast"
+)
+
+// HasFastPool reports whether the node has the pool FastPool.
+func (n *Node) HasFastPool() bool { return n.Index >= 1 && n.Index < len(n.c.Nodes) }
+
+// FastPoolDir is the node's pool FastPool as the host sees it (empty on a
+// node without one).
+func (n *Node) FastPoolDir() string { return n.dir("pool-fast") }
+
+// FastPoolSize is the size of the node's pool FastPool: 4 GiB on node 1,
+// 2 GiB more on each next one.
+func (n *Node) FastPoolSize() int64 { return int64(2+2*n.Index) << 30 }
+
+// Pools are the node's pools by name, as the host sees them.
+func (n *Node) Pools() map[string]string {
+	p := map[string]string{"default": n.PoolDir()}
+	if n.HasFastPool() {
+		p[FastPool] = n.FastPoolDir()
+	}
+	return p
+}
+
 func (n *Node) podCIDR() string { return fmt.Sprintf("10.88.%d.0/24", n.Index) }
 
 // dir is below the node's directory. Index 0 is the one node of the
@@ -83,6 +116,7 @@ func (n *Node) ContainerdSock() string { return n.dir("run", "containerd.sock") 
 var nodeBinds = []struct{ host, sub string }{
 	{"/var/lib/kubelet", "kubelet"},
 	{"/var/lib/podvol", "pool"},
+	{FastPoolMount, "pool-fast"},
 	{"/run/kata-containers/shared/direct-volumes", "kata/direct-volumes"},
 	{"/run/vc/sbs", "kata/sbs"},
 	{"/var/log/pods", "pod-logs"},
@@ -173,21 +207,25 @@ func (n *Node) prepare(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := n.preparePool(ctx); err != nil {
+	if err := n.preparePool(ctx, n.PoolDir(), n.dir("pool.img"), n.PoolSize); err != nil {
 		return err
+	}
+	if n.HasFastPool() {
+		if err := n.preparePool(ctx, n.FastPoolDir(), n.dir("pool-fast.img"), n.FastPoolSize()); err != nil {
+			return err
+		}
 	}
 	// Last: a node with a name has a pool (loadNodes).
 	return os.WriteFile(n.dir("name"), []byte(n.Name), 0o644)
 }
 
-// preparePool makes the node's pool an XFS filesystem (reflink: snapshots
-// and clones in constant time) on a loop-attached sparse image.
-func (n *Node) preparePool(ctx context.Context) error {
-	mnt := n.PoolDir()
+// preparePool makes a pool of the node, mounted at mnt, an XFS filesystem
+// (reflink: snapshots and clones in constant time) on a loop-attached
+// sparse image of size bytes.
+func (n *Node) preparePool(ctx context.Context, mnt, img string, size int64) error {
 	if m, _ := device.MountedAt(mnt); m != nil {
 		return nil
 	}
-	img := n.dir("pool.img")
 	if !fileExists(img) {
 		// Made under another name and renamed once formatted: an image
 		// by this name always holds a filesystem.
@@ -196,7 +234,7 @@ func (n *Node) preparePool(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		err = f.Truncate(n.PoolSize)
+		err = f.Truncate(size)
 		f.Close()
 		if err != nil {
 			return err
@@ -224,7 +262,7 @@ func (n *Node) preparePool(ctx context.Context) error {
 	if err := device.Mount(ctx, dev, mnt, "xfs", nil); err != nil {
 		return fmt.Errorf("node %s: mount the pool: %w", n.Name, err)
 	}
-	n.c.p.note("node %s: pool %s (%d GiB, XFS with reflink) at %s", n.Name, dev, n.PoolSize>>30, mnt)
+	n.c.p.note("node %s: pool %s (%d GiB, XFS with reflink) at %s", n.Name, dev, size>>30, mnt)
 	return nil
 }
 
@@ -318,7 +356,9 @@ func (n *Node) namespaces(ctx context.Context) error {
 	// Nor does a node see the other nodes' pools.
 	for _, o := range c.Nodes {
 		if o != n {
-			steps = append(steps, []string{"sh", "-c", `if mountpoint -q "$0"; then umount -l "$0"; fi`, o.PoolDir()})
+			for _, dir := range o.Pools() {
+				steps = append(steps, []string{"sh", "-c", `if mountpoint -q "$0"; then umount -l "$0"; fi`, dir})
+			}
 		}
 	}
 	for _, s := range steps {
@@ -335,7 +375,7 @@ func (n *Node) namespaces(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node %s: its mounts: %w", n.Name, err)
 	}
-	for _, m := range loopMountsBut(mounts, n.PoolDir()) {
+	for _, m := range loopMountsBut(mounts, slices.Collect(maps.Values(n.Pools()))...) {
 		// One above it may have taken it along already.
 		_ = in("umount", "-l", m)
 	}
@@ -557,8 +597,13 @@ volumeStatsAggPeriod: 10s
 	if err := os.WriteFile(n.dir("kubelet-config.yaml"), []byte(conf), 0o644); err != nil {
 		return err
 	}
-	return n.start("kubelet", c.bins["kubelet"], "--config="+n.dir("kubelet-config.yaml"), "--kubeconfig="+n.dir("kubelet.kubeconfig"),
-		"--hostname-override="+n.Name, "--node-ip="+n.IP(), "--v=2")
+	args := []string{"--config=" + n.dir("kubelet-config.yaml"), "--kubeconfig=" + n.dir("kubelet.kubeconfig"),
+		"--hostname-override=" + n.Name, "--node-ip=" + n.IP(), "--v=2"}
+	if n.HasFastPool() {
+		// The chart's pool set of the nodes with a fast pool.
+		args = append(args, "--node-labels="+names.PoolSetLabel+"="+FastPool)
+	}
+	return n.start("kubelet", c.bins["kubelet"], args...)
 }
 
 // waitReady waits until the node's kubelet has registered it Ready.
@@ -656,12 +701,12 @@ func (n *Node) Fetch(ctx context.Context, url string) (string, error) {
 
 // loopMountsBut lists the mount points in mountinfo (the format of
 // /proc/self/mountinfo) whose source is a loop device, but the root and
-// the mounts of the device mounted at keep (the pool, and its bind mounts
-// at the paths deploy/base names), outermost first.
-func loopMountsBut(mountinfo, keep string) []string {
+// the mounts of the devices mounted at keep (the pools, and their bind
+// mounts at the paths deploy/base names), outermost first.
+func loopMountsBut(mountinfo string, keep ...string) []string {
 	type mount struct{ point, source string }
 	var loops []mount
-	keepSource, keepSource2 := "", ""
+	keepSources := map[string]bool{}
 	for _, l := range strings.Split(mountinfo, "\n") {
 		pre, post, ok := strings.Cut(l, " - ")
 		f, g := strings.Fields(pre), strings.Fields(post)
@@ -670,24 +715,37 @@ func loopMountsBut(mountinfo, keep string) []string {
 		}
 		// Spaces and the like come octal-escaped (\040).
 		m := mount{unescapeMountinfo(f[4]), g[1]}
-		if m.point == keep {
-			keepSource = m.source
+		if slices.Contains(keep, m.point) {
+			keepSources[m.source] = true
 		}
 		loops = append(loops, m)
 	}
-	// Nor the filesystem keep is on (the cluster's directory on a loop
-	// device: the node's binds of it share its source), nor a mount above
-	// keep, which would take keep along.
-	holder := ""
-	for _, m := range loops {
-		if strings.HasPrefix(keep, strings.TrimSuffix(m.point, "/")+"/") && len(m.point) > len(holder) {
-			holder, keepSource2 = m.point, m.source
+	// above reports whether point holds a kept mount point below it.
+	above := func(point string) bool {
+		for _, k := range keep {
+			if strings.HasPrefix(k, strings.TrimSuffix(point, "/")+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	// Nor the filesystem a kept mount is on (the cluster's directory on a
+	// loop device: the node's binds of it share its source), nor a mount
+	// above one, which would take it along.
+	for _, k := range keep {
+		holder, holderSource := "", ""
+		for _, m := range loops {
+			if strings.HasPrefix(k, strings.TrimSuffix(m.point, "/")+"/") && len(m.point) > len(holder) {
+				holder, holderSource = m.point, m.source
+			}
+		}
+		if holder != "" {
+			keepSources[holderSource] = true
 		}
 	}
 	var out []string
 	for _, m := range loops {
-		if m.point == "/" || m.source == keepSource || (holder != "" && m.source == keepSource2) ||
-			strings.HasPrefix(keep, strings.TrimSuffix(m.point, "/")+"/") {
+		if m.point == "/" || keepSources[m.source] || above(m.point) {
 			continue
 		}
 		out = append(out, m.point)

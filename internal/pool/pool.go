@@ -41,6 +41,10 @@ type Config struct {
 	// on: device.Host{} for this machine, devicetest's fake in tests.
 	// Required: Open refuses a nil one.
 	Device device.Interface
+	// LockWait is how long Open waits for another plugin holding the
+	// pool's store to let go (a pod being replaced by another
+	// DaemonSet's, which nothing orders); 0: one try (2 s).
+	LockWait time.Duration
 }
 
 // Pool is one node's volume pool.
@@ -113,7 +117,7 @@ func Open(cfg Config) (*Pool, error) {
 		}
 		p.capacity = fs.TotalBytes
 	}
-	if p.store, err = store.Open(filepath.Join(dir, "podvol.db")); err != nil {
+	if p.store, err = openStore(filepath.Join(dir, "podvol.db"), cfg.LockWait); err != nil {
 		return nil, err
 	}
 	if p.store.Made() && held {
@@ -127,6 +131,24 @@ func Open(cfg Config) (*Pool, error) {
 		return nil, errors.Join(err, p.store.Close())
 	}
 	return p, nil
+}
+
+// openStore opens the store at path, waiting up to wait for another
+// process that holds it.
+func openStore(path string, wait time.Duration) (*store.Store, error) {
+	deadline := time.Now().Add(wait)
+	for logged := false; ; logged = true {
+		s, err := store.Open(path)
+		if !errors.Is(err, store.ErrLocked) || time.Now().After(deadline) {
+			if errors.Is(err, store.ErrLocked) && wait > 0 {
+				err = fmt.Errorf("%w (waited %s for it to let go: is a second plugin running on this pool?)", err, wait)
+			}
+			return s, err
+		}
+		if !logged {
+			klog.InfoS("Another podvol-plugin holds the pool (its pod being replaced?); waiting for it to let go", "store", path, "wait", wait)
+		}
+	}
 }
 
 // mkdirNoSymlink creates dir, refusing a symlink planted in its place.

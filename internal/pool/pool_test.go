@@ -580,3 +580,27 @@ func TestOpenWithoutDeviceIsRefused(t *testing.T) {
 		t.Fatalf("the refused pool made its directory: %v", err)
 	}
 }
+
+// A plugin replaced by another DaemonSet's pod may start before the old
+// one has let go of the pool: Open waits for it (LockWait) instead of
+// failing, and fails naming the wait once it is over.
+func TestOpenWaitsForTheLock(t *testing.T) {
+	e := newEnv(t, 10*GiB)
+	if _, err := pool.Open(pool.Config{Dir: e.dir, Device: e.dev}); !errors.Is(err, store.ErrLocked) {
+		t.Fatalf("a second Open of a pool in use: %v, want ErrLocked", err)
+	}
+	if _, err := pool.Open(pool.Config{Dir: e.dir, Device: e.dev, LockWait: 3 * time.Second}); !errors.Is(err, store.ErrLocked) || !strings.Contains(err.Error(), "waited 3s") {
+		t.Fatalf("Open after its wait: %v, want ErrLocked naming the wait", err)
+	}
+	go func() {
+		time.Sleep(time.Second)
+		if err := e.p.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	p, err := pool.Open(pool.Config{Dir: e.dir, Device: e.dev, LockWait: time.Minute})
+	if err != nil {
+		t.Fatalf("Open while the holder lets go within the wait: %v", err)
+	}
+	e.p = p
+}

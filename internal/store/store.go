@@ -17,6 +17,9 @@ import (
 // ErrNotFound is returned for a volume the store does not know.
 var ErrNotFound = errors.New("not found")
 
+// ErrLocked is returned by Open while another process has the store open.
+var ErrLocked = errors.New("locked: another podvol-plugin is using this pool")
+
 var (
 	bucketVolumes       = []byte("volumes")
 	bucketNames         = []byte("volume-names")
@@ -152,7 +155,7 @@ func Open(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
-			return nil, fmt.Errorf("open %s: locked: another podvol-plugin is using this pool", path)
+			return nil, fmt.Errorf("open %s: %w", path, ErrLocked)
 		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}

@@ -12,7 +12,7 @@ import (
 // second, syncing each line, in the background of a pod that is then ready.
 const writer = `(i=0; while true; do i=$((i+1)); echo "$i $(date +%s)" >> /vol/log; sync; sleep 0.5; done) & sleep 1`
 
-// testRolloutRestart: `kubectl rollout restart` of the node DaemonSet and of
+// testRolloutRestart: `kubectl rollout restart` of the node DaemonSets and of
 // the controller while pods with a persistent, a generic ephemeral and an
 // inline volume keep writing: every pod keeps running (same pod, no
 // container restart), no write is lost and none stalls while podvol's pods
@@ -24,9 +24,13 @@ func testRolloutRestart(t *testing.T) {
 	time.Sleep(3 * time.Second)
 
 	const sys = "podvol-system"
-	_, err := cluster.RunKubectl(ctx(t), "-n", sys, "rollout", "restart", "daemonset/podvol-node", "deployment/podvol-controller")
+	// Every node DaemonSet: the nodes of the fast pool set have theirs.
+	workloads, err := cluster.NodeDaemonSets(ctx(t))
+	must(t, "podvol's node DaemonSets", err)
+	workloads = append(workloads, "deployment/podvol-controller")
+	_, err = cluster.RunKubectl(ctx(t), append([]string{"-n", sys, "rollout", "restart"}, workloads...)...)
 	must(t, "rollout restart", err)
-	for _, obj := range []string{"daemonset/podvol-node", "deployment/podvol-controller"} {
+	for _, obj := range workloads {
 		_, err := cluster.RunKubectl(ctx(t), "-n", sys, "rollout", "status", obj, "--timeout=5m")
 		must(t, "rollout status "+obj, err)
 	}
