@@ -90,6 +90,7 @@ func TestCluster(t *testing.T) {
 			{"EphemeralCloneResetsOnDetach", testEphemeralCloneResetsOnDetach},
 			{"AdmissionPolicy", testAdmissionPolicy},
 			{"MetricsNeedAuthorizedToken", testMetricsNeedAuthorizedToken},
+			{"DeviceClasses", testDeviceClasses},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
