@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -42,6 +44,7 @@ func main() {
 		poolDir     = flag.String("pool-dir", "/var/lib/podvol", "directory of the pool named default (volume images and the metadata store); with --pool, served only when set")
 		capacity    = flag.String("capacity", "", "capacity of --pool-dir's pool, e.g. 20Gi; default: the size of the filesystem holding it")
 		lockWait    = flag.Duration("pool-lock-wait", time.Minute, "how long to wait at start for another podvol-plugin holding a pool to let go (a plugin pod being replaced by another DaemonSet's); past it the start fails")
+		inlinePools = flag.String("inline-pools", pool.DefaultName, "comma-separated pools inline ephemeral volumes may name (volumeAttributes pool): no StorageClass, quota or scheduler stands between a pod and them")
 		forgetPools = flag.String("forget-pool", "", "comma-separated names of pools served before that are gone for good with their volumes: start without them (refused otherwise)")
 		metricsAddr = flag.String("metrics-address", "", "address for /metrics and /healthz, e.g. :9808; empty: off. With API access (in-cluster or --kubeconfig) HTTPS, each request's bearer token reviewed (TokenReview, SubjectAccessReview on the path); without, plain HTTP on a loopback address only")
 		metricsCert = flag.String("metrics-cert-file", "", "serving certificate (PEM) for the metrics, read again when it changes; empty, with --metrics-key-file empty: self-signed at start")
@@ -63,7 +66,7 @@ func main() {
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
 	var pools poolFlags
-	flag.Var(&pools, "pool", "a pool: NAME=DIR[,capacity=SIZE], repeatable. A StorageClass chooses one with the parameter pool (absent: the pool named default); NAME is 1 to 16 lower-case letters and digits")
+	flag.Var(&pools, "pool", "a pool: "+poolSyntax+", repeatable. A StorageClass chooses one with the parameter pool (absent: the pool named default); NAME is 1 to 16 lower-case letters and digits; a pool with node-label options is served only on nodes with those labels (read from the API at start)")
 	klog.InitFlags(nil)
 	flag.Parse()
 	poolDirSet := false
@@ -78,11 +81,19 @@ func main() {
 		klog.Flush()
 		os.Exit(1)
 	}
-	var forget []string
-	if *forgetPools != "" {
-		forget = strings.Split(*forgetPools, ",")
+	forget, err := parseForget(*forgetPools)
+	if err != nil {
+		klog.ErrorS(err, "podvol-plugin failed")
+		klog.Flush()
+		os.Exit(1)
 	}
-	cfg := config{endpoint: *endpoint, nodeID: *nodeID, pools: specs, forget: forget, lockWait: *lockWait, metricsAddr: *metricsAddr,
+	var inline []string
+	for _, n := range strings.Split(*inlinePools, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			inline = append(inline, n)
+		}
+	}
+	cfg := config{inlinePools: inline, endpoint: *endpoint, nodeID: *nodeID, pools: specs, forget: forget, lockWait: *lockWait, metricsAddr: *metricsAddr,
 		metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
 		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery}
@@ -98,6 +109,7 @@ type config struct {
 	pools                             []poolSpec
 	forget                            []string
 	lockWait                          time.Duration
+	inlinePools                       []string
 	metricsCert, metricsKey, sidecars string
 	maxVolumes                        int64
 	kubeletDir, inlineSize            string
@@ -157,31 +169,48 @@ func run(c config) error {
 			}
 		}
 	}()
-	for _, s := range c.pools {
+	kc, err := kubeClient(c.kubeconfig)
+	if err != nil {
+		return err
+	}
+	specs := c.pools
+	if needsNodeLabels(specs) {
+		if kc == nil {
+			return errors.New("a pool is served only on nodes with certain labels (node-label), and the plugin has no API access to read this node's: run it in a pod, or with --kubeconfig")
+		}
+		nd, err := kc.CoreV1().Nodes().Get(ctx, c.nodeID, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("read node %s's labels for the pools it serves: %w", c.nodeID, err)
+		}
+		specs = onThisNode(specs, nd.Labels)
+	}
+	if len(specs) == 0 {
+		return fmt.Errorf("node %s has none of the pools given (each names node labels it lacks): give it a pool", c.nodeID)
+	}
+	// Before anything is written: a directory given under another pool's
+	// name, a pool left out, a pool's disk not mounted.
+	check := make([]pool.Served, len(specs))
+	served := make([]string, len(specs))
+	for i, s := range specs {
+		check[i], served[i] = pool.Served{Name: s.name, Dir: s.dir}, s.name
+	}
+	if err := pool.CheckServed(check, c.forget); err != nil {
+		return err
+	}
+	if err := checkFilesystems(specs); err != nil {
+		return err
+	}
+	for _, s := range specs {
 		p, err := pool.Open(pool.Config{Name: s.name, Dir: s.dir, Capacity: s.capacity, UnknownImages: c.unknownImages, Device: host, LockWait: c.lockWait})
 		if err != nil {
 			return fmt.Errorf("pool %s: %w", s.name, err)
 		}
 		opened = append(opened, p)
 	}
-	if err := checkFilesystems(c.pools, opened); err != nil {
-		return err
-	}
-	if err := pool.CheckServed(opened, c.forget); err != nil {
-		return err
-	}
-	served := make([]string, len(opened))
-	for i, p := range opened {
-		served[i] = p.Name()
-	}
 	for _, p := range opened {
 		if err := p.RecordServedWith(served); err != nil {
 			return err
 		}
-	}
-	kc, err := kubeClient(c.kubeconfig)
-	if err != nil {
-		return err
 	}
 	var decider *directvolume.Decider
 	if kc != nil {
@@ -234,7 +263,7 @@ func run(c config) error {
 		}
 		pools = append(pools, driver.Pool{Pool: p, Node: n, Inline: inl})
 	}
-	d := driver.New(driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, Decider: decider})
+	d := driver.New(driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, InlinePools: c.inlinePools, Decider: decider})
 	var observe driver.Observer
 	if c.metricsAddr != "" {
 		m := metrics.New(c.nodeID)

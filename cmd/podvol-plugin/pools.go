@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/pool"
 )
@@ -15,6 +17,9 @@ import (
 type poolSpec struct {
 	name, dir string
 	capacity  int64 // 0: the size of the filesystem holding dir
+	// nodeLabels the node must have for the pool to be served on it;
+	// none: every node.
+	nodeLabels map[string]string
 }
 
 // poolFlags collects the repeatable --pool.
@@ -23,35 +28,48 @@ type poolFlags []string
 func (f *poolFlags) String() string     { return strings.Join(*f, " ") }
 func (f *poolFlags) Set(v string) error { *f = append(*f, v); return nil }
 
-// parsePool reads NAME=DIR[,capacity=SIZE].
+const poolSyntax = "NAME=DIR[,capacity=SIZE][,node-label=KEY=VALUE]..."
+
+// parsePool reads NAME=DIR[,capacity=SIZE][,node-label=KEY=VALUE]...
 func parsePool(v string) (poolSpec, error) {
 	name, rest, ok := strings.Cut(v, "=")
 	if !ok {
-		return poolSpec{}, fmt.Errorf("--pool %q: want NAME=DIR[,capacity=SIZE]", v)
+		return poolSpec{}, fmt.Errorf("--pool %q: want %s", v, poolSyntax)
 	}
 	if !pool.ValidName(name) {
 		return poolSpec{}, fmt.Errorf("--pool %q: the name %q must be 1 to 16 lower-case letters and digits (it appears in volume ids and metric labels)", v, name)
 	}
-	dir, opts, _ := strings.Cut(rest, ",")
-	s := poolSpec{name: name, dir: dir}
-	if !filepath.IsAbs(dir) {
-		return poolSpec{}, fmt.Errorf("--pool %q: the directory %q must be an absolute path", v, dir)
+	parts := strings.Split(rest, ",")
+	s := poolSpec{name: name, dir: parts[0]}
+	if !filepath.IsAbs(s.dir) {
+		return poolSpec{}, fmt.Errorf("--pool %q: the directory %q must be an absolute path", v, s.dir)
 	}
-	if opts != "" {
-		size, ok := strings.CutPrefix(opts, "capacity=")
-		if !ok {
-			return poolSpec{}, fmt.Errorf("--pool %q: unknown option %q (the one option is capacity=SIZE)", v, opts)
-		}
-		var err error
-		if s.capacity, err = quantity("pool "+name+" capacity", size); err != nil {
-			return poolSpec{}, err
+	for _, o := range parts[1:] {
+		switch k, val, _ := strings.Cut(o, "="); k {
+		case "capacity":
+			var err error
+			if s.capacity, err = quantity("pool "+name+" capacity", val); err != nil {
+				return poolSpec{}, err
+			}
+		case "node-label":
+			lk, lv, ok := strings.Cut(val, "=")
+			if !ok || lk == "" {
+				return poolSpec{}, fmt.Errorf("--pool %q: node-label=%q: want node-label=KEY=VALUE", v, val)
+			}
+			if s.nodeLabels == nil {
+				s.nodeLabels = map[string]string{}
+			}
+			s.nodeLabels[lk] = lv
+		default:
+			return poolSpec{}, fmt.Errorf("--pool %q: unknown option %q (want %s)", v, o, poolSyntax)
 		}
 	}
 	return s, nil
 }
 
-// poolSpecs are the pools to serve: each --pool, and --pool-dir (with
-// --capacity) as the pool named default when it is set or no --pool is.
+// poolSpecs are the pools of the command line: each --pool, and
+// --pool-dir as the pool named default when it is set or no --pool is.
+// --capacity is the default pool's, however it is given.
 func poolSpecs(flags []string, poolDir string, poolDirSet bool, capacity string) ([]poolSpec, error) {
 	var specs []poolSpec
 	for _, f := range flags {
@@ -62,16 +80,20 @@ func poolSpecs(flags []string, poolDir string, poolDirSet bool, capacity string)
 		specs = append(specs, s)
 	}
 	if len(flags) == 0 || poolDirSet {
-		s := poolSpec{name: pool.DefaultName, dir: poolDir}
-		if capacity != "" {
-			var err error
-			if s.capacity, err = quantity("capacity", capacity); err != nil {
-				return nil, err
-			}
+		specs = append(specs, poolSpec{name: pool.DefaultName, dir: poolDir})
+	}
+	if capacity != "" {
+		i := slices.IndexFunc(specs, func(s poolSpec) bool { return s.name == pool.DefaultName })
+		switch {
+		case i < 0:
+			return nil, errors.New("--capacity is the capacity of the pool named default, which is not given: give each pool its own (--pool NAME=DIR,capacity=SIZE)")
+		case specs[i].capacity != 0:
+			return nil, errors.New("the default pool's capacity is given twice, by --capacity and by --pool default=...,capacity=; use one")
 		}
-		specs = append(specs, s)
-	} else if capacity != "" {
-		return nil, errors.New("--capacity is the capacity of --pool-dir: with --pool, give each pool its own (--pool NAME=DIR,capacity=SIZE)")
+		var err error
+		if specs[i].capacity, err = quantity("capacity", capacity); err != nil {
+			return nil, err
+		}
 	}
 	for i, a := range specs {
 		for _, b := range specs[:i] {
@@ -91,21 +113,69 @@ func poolSpecs(flags []string, poolDir string, poolDirSet bool, capacity string)
 	return specs, nil
 }
 
+// onThisNode keeps the pools whose node labels the node has. labels is
+// nil when no pool names any.
+func onThisNode(specs []poolSpec, labels map[string]string) []poolSpec {
+	var out []poolSpec
+	for _, s := range specs {
+		ok := true
+		for k, v := range s.nodeLabels {
+			if got, has := labels[k]; !has || got != v {
+				ok = false
+			}
+		}
+		if ok {
+			out = append(out, s)
+		} else {
+			klog.InfoS("Pool not served on this node: the node lacks its labels", "pool", s.name, "dir", s.dir, "nodeLabels", s.nodeLabels)
+		}
+	}
+	return out
+}
+
+// needsNodeLabels reports whether a pool names node labels.
+func needsNodeLabels(specs []poolSpec) bool {
+	return slices.ContainsFunc(specs, func(s poolSpec) bool { return len(s.nodeLabels) > 0 })
+}
+
+// parseForget reads --forget-pool.
+func parseForget(v string) ([]string, error) {
+	var out []string
+	for _, n := range strings.Split(v, ",") {
+		if n = strings.TrimSpace(n); n == "" {
+			continue
+		}
+		if !pool.ValidName(n) {
+			return nil, fmt.Errorf("--forget-pool %q: %q is no pool's name", v, n)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
 // checkFilesystems refuses two pools on one filesystem unless each has
 // its own capacity: each would otherwise count the whole filesystem as
-// its own, and promise its free space twice.
-func checkFilesystems(specs []poolSpec, pools []*pool.Pool) error {
+// its own, and promise its free space twice. A directory not made yet is
+// on its nearest existing parent's filesystem; nothing is written.
+func checkFilesystems(specs []poolSpec) error {
 	fsOf := map[uint64]int{}
-	for i, p := range pools {
+	for i, s := range specs {
 		var st unix.Stat_t
-		if err := unix.Stat(p.Dir(), &st); err != nil {
-			return fmt.Errorf("pool %s: %w", p.Name(), err)
+		dir := s.dir
+		for {
+			err := unix.Stat(dir, &st)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, unix.ENOENT) || dir == "/" {
+				return fmt.Errorf("pool %s: %s: %w", s.name, dir, err)
+			}
+			dir = filepath.Dir(dir)
 		}
-		id := st.Dev
-		if j, ok := fsOf[id]; ok && (specs[i].capacity == 0 || specs[j].capacity == 0) {
-			return fmt.Errorf("pools %s (%s) and %s (%s) are on one filesystem: give each its own capacity (--pool NAME=DIR,capacity=SIZE) so that its free space is not counted twice, or put them on filesystems of their own", pools[j].Name(), pools[j].Dir(), p.Name(), p.Dir())
+		if j, ok := fsOf[st.Dev]; ok && (s.capacity == 0 || specs[j].capacity == 0) {
+			return fmt.Errorf("pools %s (%s) and %s (%s) are on one filesystem: give each its own capacity (--pool NAME=DIR,capacity=SIZE) so that its free space is not counted twice, or put them on filesystems of their own", specs[j].name, specs[j].dir, s.name, s.dir)
 		}
-		fsOf[id] = i
+		fsOf[st.Dev] = i
 	}
 	return nil
 }

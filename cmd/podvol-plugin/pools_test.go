@@ -19,7 +19,13 @@ func TestPoolSpecs(t *testing.T) {
 		{[]string{"fast=/nvme/podvol,capacity=2Gi"}, "/var/lib/podvol", false, "", "fast=/nvme/podvol:2147483648"},
 		{[]string{"fast=/nvme"}, "/p", true, "", "fast=/nvme:0 default=/p:0"},
 		{[]string{"default=/a", "fast=/b"}, "/var/lib/podvol", false, "", "default=/a:0 fast=/b:0"},
-		{[]string{"fast=/b"}, "/var/lib/podvol", false, "1Gi", "--capacity is the capacity of --pool-dir"},
+		{[]string{"fast=/b"}, "/var/lib/podvol", false, "1Gi", "--capacity is the capacity of the pool named default, which is not given"},
+		// --capacity is the default pool's however it is given (the
+		// chart gives it as --pool default=...).
+		{[]string{"default=/a", "fast=/b,capacity=2Gi"}, "", false, "1Gi", "default=/a:1073741824 fast=/b:2147483648"},
+		{[]string{"default=/a,capacity=2Gi"}, "", false, "1Gi", "the default pool's capacity is given twice"},
+		{[]string{"fast=/b,node-label=disk=nvme,node-label=zone=a,capacity=1Gi"}, "", false, "", "fast=/b:1073741824"},
+		{[]string{"fast=/b,node-label=disk"}, "", false, "", "want node-label=KEY=VALUE"},
 		{[]string{"default=/a"}, "/p", true, "", "pool default is given twice: by --pool-dir and by --pool"},
 		{[]string{"fast=/a", "fast=/b"}, "", false, "", "pool fast is given twice"},
 		{[]string{"a=/x", "b=/x/"}, "", false, "", "have one directory, /x"},
@@ -27,9 +33,9 @@ func TestPoolSpecs(t *testing.T) {
 		{[]string{"a=/xy", "b=/x"}, "", false, "", "a=/xy:0 b=/x:0"},
 		{[]string{"Fast=/x"}, "", false, "", "must be 1 to 16 lower-case letters and digits"},
 		{[]string{"default-2=/x"}, "", false, "", "must be 1 to 16 lower-case letters and digits"},
-		{[]string{"fast"}, "", false, "", "want NAME=DIR[,capacity=SIZE]"},
 		{[]string{"fast=rel/dir"}, "", false, "", "must be an absolute path"},
 		{[]string{"fast=/x,size=1Gi"}, "", false, "", `unknown option "size=1Gi"`},
+		{[]string{"fast"}, "", false, "", "want NAME=DIR[,capacity=SIZE][,node-label=KEY=VALUE]..."},
 		{[]string{"fast=/x,capacity=lots"}, "", false, "", "want a positive quantity"},
 	} {
 		specs, err := poolSpecs(c.flags, c.poolDir, c.poolDirSet, c.capacity)
@@ -48,5 +54,42 @@ func TestPoolSpecs(t *testing.T) {
 		if (err == nil) != wantSpecs || (wantSpecs && got != c.want) || !strings.Contains(got, c.want) {
 			t.Errorf("poolSpecs(%q, %q, %v, %q) = %q, want %q", c.flags, c.poolDir, c.poolDirSet, c.capacity, got, c.want)
 		}
+	}
+}
+
+// A pool with node labels is served only on nodes that have them all.
+func TestOnThisNode(t *testing.T) {
+	specs, err := poolSpecs([]string{"default=/a", "fast=/b,node-label=disk=nvme,node-label=zone=a", "bulk=/c,node-label=disk=hdd"}, "", false, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !needsNodeLabels(specs) {
+		t.Fatal("needsNodeLabels: false")
+	}
+	for _, c := range []struct {
+		labels map[string]string
+		want   string
+	}{
+		{nil, "default"},
+		{map[string]string{"disk": "nvme"}, "default"},
+		{map[string]string{"disk": "nvme", "zone": "a"}, "default fast"},
+		{map[string]string{"disk": "hdd", "zone": "a"}, "default bulk"},
+	} {
+		var got []string
+		for _, s := range onThisNode(specs, c.labels) {
+			got = append(got, s.name)
+		}
+		if strings.Join(got, " ") != c.want {
+			t.Errorf("node labels %v: pools %v, want %s", c.labels, got, c.want)
+		}
+	}
+}
+
+func TestParseForget(t *testing.T) {
+	if got, err := parseForget(" fast, slow ,"); err != nil || strings.Join(got, " ") != "fast slow" {
+		t.Errorf("parseForget: %v %v", got, err)
+	}
+	if _, err := parseForget("fast,Slow"); err == nil || !strings.Contains(err.Error(), `"Slow" is no pool's name`) {
+		t.Errorf("parseForget of a bad name: %v", err)
 	}
 }

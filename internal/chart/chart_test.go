@@ -136,8 +136,8 @@ func TestEveryOption(t *testing.T) {
 		// node
 		"--pool=default=/mnt/fast/podvol\n", "path: /mnt/fast/podvol,", "mountPath: /mnt/fast/podvol}",
 		"--pool=bulk=/mnt/hdd/podvol,capacity=2Ti", "{name: pool-bulk, hostPath: {path: /mnt/hdd/podvol,",
-		"name: podvol-node-nvme", names.PoolSetLabel + ": nvme", "--pool=default=/mnt/fast/podvol,capacity=100Gi", "--pool=fast=/mnt/nvme/podvol,capacity=300Gi",
-		"operator: NotIn\n                values:\n                - nvme", "pool: \"fast\"",
+		"--pool=fast=/mnt/nvme/podvol,capacity=300Gi,node-label=example.com/nvme=true", "{name: pool-fast, mountPath: /mnt/nvme/podvol}",
+		"--inline-pools=default,bulk", `resources: ["nodes"]` + "\n    verbs: [\"get\"]", "pool: \"fast\"",
 		"value: \"/var/lib/k0s/kubelet\"", "path: /var/lib/k0s/kubelet/plugins_registry,", "mountPath: /var/lib/k0s/kubelet,",
 		"--metrics-address=:19808", "port: 19808,",
 		"priorityClassName: system-cluster-critical", "key: storage", "podvol.io/storage-node: \"true\"", "kubernetes.io/os",
@@ -197,7 +197,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{name: "bad pool name", file: "node:\n  pools: [{name: Fast, dir: /x}]\n", want: []string{"/node/pools/0/name"}},
 		{name: "pool without dir", file: "node:\n  pools: [{name: fast}]\n", want: []string{"/node/pools/0", "dir"}},
 		{name: "bad pool capacity", file: "node:\n  pools: [{name: fast, dir: /x, capacity: lots}]\n", want: []string{"/node/pools/0/capacity"}},
-		{name: "empty pool set", file: "node:\n  poolSets: [{name: a, pools: []}]\n", want: []string{"/node/poolSets/0/pools"}},
+		{name: "bad node labels", file: "node:\n  pools: [{name: fast, dir: /x, nodeLabels: {a: 1}}]\n", want: []string{"/node/pools/0/nodeLabels/a"}},
+		{name: "bad inline pool", set: []string{"node.inlinePools={Fast}"}, want: []string{"/node/inlinePools/0"}},
 		{name: "bad class pool", file: "storageClasses:\n  - name: x\n    parameters: {pool: NVMe}\n", want: []string{"/storageClasses/0/parameters/pool"}},
 		{name: "unknown class parameter", file: "storageClasses:\n  - name: x\n    parameters: {fstype: xfs}\n", want: []string{"fstype", "/storageClasses/0/parameters"}},
 		{name: "bad class parameter value", file: "storageClasses:\n  - name: x\n    parameters: {directAssign: sometimes}\n", want: []string{"/storageClasses/0/parameters/directAssign"}},
@@ -268,14 +269,12 @@ func TestSchemaClassParametersAreNames(t *testing.T) {
 }
 
 // Pools the plugin would refuse at start are refused by the chart first,
-// naming them: a name given twice in a DaemonSet's pools, or a pool set
-// given twice.
+// naming them: a name given twice.
 func TestChartRefusesDuplicatePools(t *testing.T) {
 	h := helm(t)
 	for _, c := range []struct{ file, want string }{
-		{"node:\n  pools: [{name: default, dir: /x}]\n", "node.poolDir and node.pools: two pools have one name (default, default)"},
-		{"node:\n  poolSets: [{name: a, pools: [{name: x, dir: /x}, {name: x, dir: /y}]}]\n", "node.poolSets a: two pools have one name (x, x)"},
-		{"node:\n  poolSets: [{name: a, pools: [{name: x, dir: /x}]}, {name: a, pools: [{name: z, dir: /z}]}]\n", "node.poolSets: two sets have one name (a, a)"},
+		{"node:\n  pools: [{name: default, dir: /x}]\n", "node.pools: two pools have one name (default, default)"},
+		{"node:\n  pools: [{name: a, dir: /x}, {name: a, dir: /z}]\n", "node.pools: two pools have one name (default, a, a)"},
 	} {
 		f := filepath.Join(t.TempDir(), "values.yaml")
 		if err := os.WriteFile(f, []byte(c.file), 0o644); err != nil {

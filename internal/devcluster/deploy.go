@@ -15,7 +15,6 @@ import (
 
 	"github.com/podvol/podvol/internal/chart"
 	"github.com/podvol/podvol/internal/names"
-	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/versions"
 )
 
@@ -174,8 +173,8 @@ func (c *Cluster) valuesFor(tag string) (string, error) {
 }
 
 // poolValues give the nodes with a fast pool (Node.HasFastPool, labelled
-// by their kubelets) the pool set FastPool, and add the class FastClass to
-// the chart's default classes.
+// by their kubelets) the pool FastPool, and add the class FastClass to the
+// chart's default classes.
 func (c *Cluster) poolValues() (string, error) {
 	b, err := os.ReadFile(filepath.Join(c.Repo, chart.Dir, "values.yaml"))
 	if err != nil {
@@ -190,10 +189,8 @@ func (c *Cluster) poolValues() (string, error) {
 	classes := append(defaults.StorageClasses, map[string]any{"name": FastClass,
 		"parameters": map[string]string{"csi.storage.k8s.io/fstype": "xfs", names.ParamPool: FastPool}})
 	out, err := yaml.Marshal(map[string]any{
-		"node": map[string]any{"poolSets": []any{map[string]any{"name": FastPool, "pools": []any{
-			map[string]string{"name": pool.DefaultName, "dir": "/var/lib/podvol"},
-			map[string]string{"name": FastPool, "dir": FastPoolMount},
-		}}}},
+		"node": map[string]any{"pools": []any{map[string]any{"name": FastPool, "dir": FastPoolMount,
+			"nodeLabels": map[string]string{FastPoolLabel: "true"}}}},
 		"storageClasses": classes,
 	})
 	if err != nil {

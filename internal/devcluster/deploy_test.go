@@ -106,7 +106,7 @@ func TestValuesRenderTheLocalImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{`image: "localhost/podvol-plugin:dev-0123"`, `image: "localhost/podvol-controller:dev-0123"`, "- --node-loss-grace-period=1m0s",
-		"name: podvol-node-" + FastPool, "- --pool=" + FastPool + "=" + FastPoolMount, "name: " + FastClass, `pool: "` + FastPool + `"`,
+		"- --pool=" + FastPool + "=" + FastPoolMount + ",node-label=" + FastPoolLabel + "=true", "name: " + FastClass, `pool: "` + FastPool + `"`,
 		// The chart's own classes stay.
 		"name: podvol-xfs", "name: podvol-direct"}
 	for name, v := range sidecarImages {

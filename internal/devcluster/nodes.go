@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/podvol/podvol/internal/device"
-	"github.com/podvol/podvol/internal/names"
 )
 
 // Node is one node of the dev cluster. Each node is a network namespace and
@@ -55,11 +54,13 @@ func (n *Node) PoolDir() string { return n.dir("pool") }
 
 // FastPool is the name of the dev cluster's second pool (a device class),
 // which every node but the last has, each of its own size, so that the
-// class podvol-fast is served by some nodes only; FastPoolMount is where
-// the node's processes see it.
+// class FastClass is served by some nodes only; FastPoolMount is where the
+// node's processes see it, and FastPoolLabel (="true") the Node label the
+// chart's pool asks for, which the node's kubelet sets.
 const (
 	FastPool      = "fast"
 	FastPoolMount = "/var/lib/podvol-fast"
+	FastPoolLabel = "podvol.io/pool-fast"
 	FastClass     = "podvol-fast"
 )
 
@@ -600,8 +601,8 @@ volumeStatsAggPeriod: 10s
 	args := []string{"--config=" + n.dir("kubelet-config.yaml"), "--kubeconfig=" + n.dir("kubelet.kubeconfig"),
 		"--hostname-override=" + n.Name, "--node-ip=" + n.IP(), "--v=2"}
 	if n.HasFastPool() {
-		// The chart's pool set of the nodes with a fast pool.
-		args = append(args, "--node-labels="+names.PoolSetLabel+"="+FastPool)
+		// The label the chart's pool fast asks a node for.
+		args = append(args, "--node-labels="+FastPoolLabel+"=true")
 	}
 	return n.start("kubelet", c.bins["kubelet"], args...)
 }

@@ -37,6 +37,10 @@ type Config struct {
 	Locks *keylock.Locks
 	// InlineDefaultSize is the size of an inline volume that names none.
 	InlineDefaultSize int64
+	// InlinePools are the pools an inline volume may name (nil: the
+	// default pool only): a pod's inline volume passes no StorageClass,
+	// quota or scheduler on its way to a pool.
+	InlinePools []string
 	// Decider answers directAssign=auto; nil when the plugin has no API
 	// access.
 	Decider *directvolume.Decider

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/podvol/podvol/internal/inline"
 	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -53,6 +55,13 @@ func (d *Driver) inlineID(handle string) (*Pool, string, bool) {
 
 func (d *Driver) publishInline(ctx context.Context, req *csi.NodePublishVolumeRequest) error {
 	attrs := req.GetVolumeContext()
+	allowed := d.cfg.InlinePools
+	if allowed == nil {
+		allowed = []string{pool.DefaultName}
+	}
+	if name := cmp.Or(attrs[AttrPool], pool.DefaultName); !slices.Contains(allowed, name) {
+		return invalid("inline volumes may not use pool %q on node %s (they may use %s: the plugin's --inline-pools)", name, d.cfg.NodeID, strings.Join(allowed, ", "))
+	}
 	pl, ok := d.poolNamed(attrs[AttrPool])
 	if !ok {
 		return d.missingPool(codes.InvalidArgument, attrs[AttrPool])

@@ -72,10 +72,6 @@ const (
 	StashClaimNamespace = "podvol.io/claim-namespace"
 )
 
-// PoolSetLabel on a Node names the chart's pool set (node.poolSets) whose
-// DaemonSet serves it: its pools instead of every other node's.
-const PoolSetLabel = "podvol.io/pool-set"
-
 // Node-loss's finalizer, and the labels and annotation of its records of
 // released volumes.
 const (

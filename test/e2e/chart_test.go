@@ -9,7 +9,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/podvol/podvol/internal/chart"
-	"github.com/podvol/podvol/internal/devcluster"
 )
 
 // The dev cluster runs podvol as an admin installs it: the chart's release.
@@ -19,7 +18,7 @@ func testInstalledByTheChart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"podvol-node", "podvol-node-" + devcluster.FastPool, "podvol-controller", "podvol-remove-finalizers"} {
+	for _, name := range []string{"podvol-node", "podvol-controller", "podvol-remove-finalizers"} {
 		want := name + " Helm " + chart.Release + " " + chart.Release
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("no %q among podvol's workloads (name, managed-by, instance, release):\n%s", want, out)

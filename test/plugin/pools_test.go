@@ -27,6 +27,12 @@ func TestTwoPools(t *testing.T) {
 	args := []string{"--kubelet-dir", "{dir}/kubelet", fastArg}
 	e := start(t, plugintest.Options{Dir: dir, NodeID: node, Capacity: "2Gi", Args: args})
 	k := &kubelet{e: e, dir: filepath.Join(dir, "kubelet")}
+	// Inline volumes reach no StorageClass, quota or scheduler: they may
+	// use the default pool only, unless --inline-pools says otherwise.
+	err := k.publish("uid0", "scratch", map[string]string{"size": "64Mi", "pool": "fast"})
+	wantCode(t, "an inline volume in pool fast without --inline-pools", err, codes.InvalidArgument)
+	args = append(args, "--inline-pools=default,fast")
+	e.p.Upgrade(args...)
 	fast := map[string]string{"pool": "fast"}
 	xfs := mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
 
@@ -40,7 +46,7 @@ func TestTwoPools(t *testing.T) {
 			t.Fatalf("volume %s is not in %s: %v", id, poolDir, err)
 		}
 	}
-	_, err := e.p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "c", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+	_, err = e.p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "c", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{rwo}, Parameters: map[string]string{"pool": "slow"}})
 	wantCode(t, "a class of a pool this node lacks", err, codes.ResourceExhausted)
 
