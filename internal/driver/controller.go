@@ -278,35 +278,35 @@ func (d *Driver) volumePage(maxEntries int32, start string) ([]*store.Volume, st
 	if start != "" && !pool.ValidID(start) {
 		return nil, "", status.Errorf(codes.Aborted, "starting token %q was not issued by this plugin", start)
 	}
-	return pagePools(d, start, int(maxEntries), "volumes", (*store.Store).VolumePage,
+	return pagePools(d, d.names, start, int(maxEntries), "volumes", (*store.Store).VolumePage,
 		func(v *store.Volume) bool { return v.State == store.Ready }, func(v *store.Volume) string { return v.ID })
 }
 
-// pagePools is one page of a listing through every pool: the pools in
-// name order, each in id order. The cursor is an id, which names its
+// pagePools is one page of a listing through the pools of names (sorted):
+// the pools in name order, each in id order. The cursor is an id, which names its
 // pool, so a page starts in the right pool and no pool is read twice.
-func pagePools[T any](d *Driver, start string, limit int, what string,
+func pagePools[T any](d *Driver, names []string, start string, limit int, what string,
 	page func(s *store.Store, start string, limit int, keep func(T) bool) ([]T, string, error), keep func(T) bool, idOf func(T) string,
 ) ([]T, string, error) {
 	from := 0
 	if start != "" {
 		name, _ := pool.PoolOf(start)
-		i, found := slices.BinarySearch(d.names, name)
+		i, found := slices.BinarySearch(names, name)
 		if !found {
-			return nil, "", status.Errorf(codes.Aborted, "starting token %q is of pool %q, which node %s does not serve (it serves %s)", start, name, d.cfg.NodeID, d.servedPools())
+			return nil, "", status.Errorf(codes.Aborted, "starting token %q is of pool %q, which this listing does not read (node %s serves %s)", start, name, d.cfg.NodeID, d.servedPools())
 		}
 		from = i
 	}
 	var out []T
-	for i := from; i < len(d.names); i++ {
+	for i := from; i < len(names); i++ {
 		left := 0 // no limit
 		if limit > 0 {
 			left = limit - len(out)
 		}
-		s := d.pools[d.names[i]].Pool.Store()
+		s := d.pools[names[i]].Pool.Store()
 		items, next, err := page(s, start, left, keep)
 		if err != nil {
-			return nil, "", toStatus(fmt.Errorf("list %s of pool %s: %w", what, d.names[i], err))
+			return nil, "", toStatus(fmt.Errorf("list %s of pool %s: %w", what, names[i], err))
 		}
 		out = append(out, items...)
 		if next != "" {
@@ -316,10 +316,10 @@ func pagePools[T any](d *Driver, start string, limit int, what string,
 		if limit > 0 && len(out) == limit {
 			// The page is full: the next starts at the first item of
 			// a later pool, if any has one.
-			for j := i + 1; j < len(d.names); j++ {
-				first, _, err := page(d.pools[d.names[j]].Pool.Store(), "", 1, keep)
+			for j := i + 1; j < len(names); j++ {
+				first, _, err := page(d.pools[names[j]].Pool.Store(), "", 1, keep)
 				if err != nil {
-					return nil, "", toStatus(fmt.Errorf("list %s of pool %s: %w", what, d.names[j], err))
+					return nil, "", toStatus(fmt.Errorf("list %s of pool %s: %w", what, names[j], err))
 				}
 				if len(first) > 0 {
 					return out, idOf(first[0]), nil

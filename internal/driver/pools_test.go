@@ -127,6 +127,13 @@ func TestSeveralPools(t *testing.T) {
 	if err != nil || len(snaps.GetEntries()) != 1 || snaps.GetEntries()[0].GetSnapshot().GetSnapshotId() != snapID {
 		t.Errorf("ListSnapshots: %v %v", snaps, err)
 	}
+	// Filtered by source: its pool alone is read.
+	for src, want := range map[string]int{fastID: 1, defID: 0, "pv-slow-0123456789abcdef01234567": 0} {
+		snaps, err := f.d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SourceVolumeId: src})
+		if err != nil || len(snaps.GetEntries()) != want {
+			t.Errorf("ListSnapshots of source %s: %v %v, want %d", src, snaps, err, want)
+		}
+	}
 
 	// An id of a pool this node does not serve: nothing here to find,
 	// and not reported deleted (its image may be in that pool).

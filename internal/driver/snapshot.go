@@ -175,7 +175,15 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	}
 	// A cursor like ListVolumes'. Filtered by source volume, a page still
 	// reads the other volumes' snapshots between its own.
-	snaps, next, err := pagePools(d, start, int(req.GetMaxEntries()), "snapshots", (*store.Store).SnapshotPage, func(s *store.Snapshot) bool {
+	// Snapshots of one volume are in its pool alone.
+	names := d.names
+	if p, ok := pool.PoolOf(req.GetSourceVolumeId()); ok {
+		if _, served := d.pools[p]; !served {
+			return resp, nil
+		}
+		names = []string{p}
+	}
+	snaps, next, err := pagePools(d, names, start, int(req.GetMaxEntries()), "snapshots", (*store.Store).SnapshotPage, func(s *store.Snapshot) bool {
 		return s.State == store.Ready && (req.GetSourceVolumeId() == "" || s.SourceID == req.GetSourceVolumeId())
 	}, func(s *store.Snapshot) string { return s.ID })
 	if err != nil {
