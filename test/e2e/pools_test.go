@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podvol/podvol/internal/chart"
 	"github.com/podvol/podvol/internal/devcluster"
 	"github.com/podvol/podvol/internal/kubectlplugin"
 )
@@ -36,7 +37,7 @@ func testDeviceClasses(t *testing.T) {
 	// Capacity per class: a node without the pool publishes none for it.
 	eventually(t, 2*time.Minute, func() string {
 		for _, nd := range cluster.Nodes {
-			q, err := cluster.Get(ctx(t), "", "csistoragecapacities", fmt.Sprintf(
+			q, err := cluster.Get(ctx(t), chart.Namespace, "csistoragecapacities", fmt.Sprintf(
 				`{range .items[?(@.storageClassName=="%s")]}{.nodeTopology.matchLabels.topology\.podvol\.io/node}={.capacity}{"\n"}{end}`, devcluster.FastClass))
 			if err != nil {
 				return err.Error()
