@@ -98,6 +98,7 @@ func (c *Cluster) Demo(ctx context.Context) error {
 		{"clone", func() (string, string, error) { return c.demoClone(ctx, ns) }},
 		{"ephemeral clone, reset when its pod goes", func() (string, string, error) { return c.demoEphemeralClone(ctx, ns) }},
 		{"online resize (xfs)", func() (string, string, error) { return c.demoResize(ctx, ns) }},
+		{"a second pool (class " + FastClass + ")", func() (string, string, error) { return c.demoDeviceClass(ctx, ns) }},
 	}
 	fmt.Fprintf(c.Out, "\n== podvol demo: every lifecycle, in namespace %s\n", ns)
 	_, _ = c.kubectl(ctx, "delete", "namespace", ns, "--ignore-not-found", "--wait=true", "--timeout=2m")
@@ -148,7 +149,39 @@ func (c *Cluster) where(ctx context.Context, ns, pvc string) string {
 	pv, _ := c.Get(ctx, ns, "pvc/"+pvc, "{.spec.volumeName}")
 	node, _ := c.Get(ctx, "", "pv/"+pv, "{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}")
 	handle, _ := c.Get(ctx, "", "pv/"+pv, "{.spec.csi.volumeHandle}")
-	return fmt.Sprintf("node %s, %s/volumes/%s.img", node, c.poolOf(node), handle)
+	dir := c.poolOf(node)
+	if n := c.Node(node); n != nil && strings.HasPrefix(handle, "pv-"+FastPool+"-") {
+		dir = n.FastPoolDir()
+	}
+	return fmt.Sprintf("node %s, %s/volumes/%s.img", node, dir, handle)
+}
+
+// demoDeviceClass: a claim of the class whose pool only some nodes have
+// lands on one of them, in that pool.
+func (c *Cluster) demoDeviceClass(ctx context.Context, ns string) (string, string, error) {
+	err := c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: fast, namespace: %s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: %s
+  resources: {requests: {storage: 256Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: fast, namespace: %s}
+spec:
+%s`, ns, FastClass, ns, PodSpec(2, "echo fast > /data/hello", "data", "/data", "persistentVolumeClaim: {claimName: fast}")))
+	if err != nil {
+		return "", "", err
+	}
+	if err := c.WaitPod(ctx, ns, "fast", 3*time.Minute); err != nil {
+		return "", "", err
+	}
+	if out, err := c.Exec(ctx, ns, "fast", "cat /data/hello"); err != nil || out != "fast" {
+		return "", "", fmt.Errorf("read back %q: %w", out, err)
+	}
+	return "PVC fast of class " + FastClass + " (pool " + FastPool + ", not on every node)", c.where(ctx, ns, "fast"), nil
 }
 
 func (c *Cluster) demoGenericEphemeral(ctx context.Context, ns string) (string, string, error) {
