@@ -107,7 +107,8 @@ func testKubectlPodvol(t *testing.T) {
 	userNode := get(t, n, "pod/user", "{.spec.nodeName}")
 	pvName := get(t, n, "pvc/data", "{.spec.volumeName}")
 
-	// status: every node, its numbers those of its plugin. The free
+	// status: every node's every pool, its numbers those of its plugin
+	// (each pool's gauges). The free
 	// space comes from CSIStorageCapacity, which external-provisioner
 	// refreshes every minute, and a PV of an earlier test may still be
 	// going: compare until both sides agree.
@@ -116,8 +117,19 @@ func testKubectlPodvol(t *testing.T) {
 		if why != "" {
 			return why
 		}
-		if len(nodes) != len(cluster.Nodes) {
-			return fmt.Sprintf("status lists %d nodes, the cluster has %v", len(nodes), cluster.NodeNames())
+		var got, want []string
+		for _, s := range nodes {
+			got = append(got, s.Node+"/"+s.Pool)
+		}
+		for _, nd := range cluster.Nodes {
+			for p := range nd.Pools() {
+				want = append(want, nd.Name+"/"+p)
+			}
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			return fmt.Sprintf("status lists the pools %v, the cluster has %v", got, want)
 		}
 		for _, s := range nodes {
 			if len(s.Health) != 0 || s.Version == "" || s.Plugin == "" {
