@@ -119,18 +119,7 @@ func testPersistentSnapshotCloneResize(t *testing.T) {
 		t.Fatalf("a write to the clone reached the source: %q", got)
 	}
 
-	_, err := cluster.RunKubectl(ctx(t), "-n", n, "patch", "pvc", "data", "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"1Gi"}}}}`)
-	must(t, "resize", err)
-	eventually(t, 3*time.Minute, func() string {
-		out, err := cluster.Exec(ctx(t), n, "writer", "df -k /vol | tail -1 | awk '{print $2}'")
-		if err != nil {
-			return err.Error()
-		}
-		if kb, _ := strconv.Atoi(out); kb < 900*1024 {
-			return fmt.Sprintf("the pod sees %d KiB", kb)
-		}
-		return ""
-	})
+	growTo1Gi(t, n, "data", "writer")
 	if got := exec(t, n, "writer", "cat /vol/f"); got != "two" {
 		t.Fatalf("data after resize: %q", got)
 	}
@@ -274,4 +263,22 @@ func waitPendingFor(t *testing.T, ns, pod, word string) {
 	if phase := get(t, ns, "pod/"+pod, "{.status.phase}"); phase != "Pending" {
 		t.Fatalf("pod %s is %s, want Pending because of %s", pod, phase, word)
 	}
+}
+
+// growTo1Gi grows claim to 1 GiB and waits until pod, which mounts it at
+// /vol, sees the filesystem grown.
+func growTo1Gi(t *testing.T, n, claim, pod string) {
+	t.Helper()
+	_, err := cluster.RunKubectl(ctx(t), "-n", n, "patch", "pvc", claim, "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"1Gi"}}}}`)
+	must(t, "resize", err)
+	eventually(t, 3*time.Minute, func() string {
+		out, err := cluster.Exec(ctx(t), n, pod, "df -k /vol | tail -1 | awk '{print $2}'")
+		if err != nil {
+			return err.Error()
+		}
+		if kb, _ := strconv.Atoi(out); kb < 900*1024 {
+			return fmt.Sprintf("the pod sees %d KiB", kb)
+		}
+		return ""
+	})
 }

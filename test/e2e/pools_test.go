@@ -133,18 +133,7 @@ func testDeviceClasses(t *testing.T) {
 	must(t, "delete claim elsewhere", err)
 
 	// Growth within the pool.
-	_, err = cluster.RunKubectl(ctx(t), "-n", n, "patch", "pvc", "data", "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"1Gi"}}}}`)
-	must(t, "resize", err)
-	eventually(t, 3*time.Minute, func() string {
-		out, err := cluster.Exec(ctx(t), n, "writer", "df -k /vol | tail -1 | awk '{print $2}'")
-		if err != nil {
-			return err.Error()
-		}
-		if kb, _ := strconv.Atoi(out); kb < 900*1024 {
-			return fmt.Sprintf("the pod sees %d KiB", kb)
-		}
-		return ""
-	})
+	growTo1Gi(t, n, "data", "writer")
 
 	// kubectl podvol status: a line for the node's fast pool, with both
 	// volumes and the snapshot.
