@@ -18,9 +18,10 @@ all: build
 help: ## this list
 	@awk 'BEGIN { FS = ":[^#]*## " } /^[a-zA-Z0-9_-]+:[^#]*## / { printf "  %-18s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-# The four binaries, each with the version stamped in (--version prints it).
-build: ## bin/podvol-plugin, bin/podvol-controller, bin/podvol-dev, bin/kubectl-podvol (version stamped in)
+# The five binaries, each with the version stamped in (--version prints it).
+build: ## bin/podvol-plugin, bin/podvol-group-snapshotter, bin/podvol-controller, bin/podvol-dev, bin/kubectl-podvol
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-plugin ./cmd/podvol-plugin
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-group-snapshotter ./cmd/podvol-group-snapshotter
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-controller ./cmd/podvol-controller
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/podvol-dev ./cmd/podvol-dev
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/kubectl-podvol ./cmd/kubectl-podvol

@@ -51,7 +51,11 @@ func (c *Cluster) crds(ctx context.Context) error {
 		return err
 	}
 	_, err = c.kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd/volumesnapshots.snapshot.storage.k8s.io",
-		"crd/volumesnapshotclasses.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io", "crd/referencegrants.gateway.networking.k8s.io")
+		"crd/volumesnapshotclasses.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io",
+		// snapshot-controller looks for the group kinds once, at its start.
+		"crd/volumegroupsnapshots.groupsnapshot.storage.k8s.io", "crd/volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io",
+		"crd/volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io",
+		"crd/referencegrants.gateway.networking.k8s.io")
 	return err
 }
 

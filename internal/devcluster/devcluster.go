@@ -363,7 +363,7 @@ func (c *Cluster) writePodvolImages(ctx context.Context, b images.Build, bins ma
 		return "", nil, fmt.Errorf("the plugin image: %w", err)
 	}
 	podvol := map[string]ociimage.Image{
-		images.Plugin:     b.PluginImage(runtime.GOARCH, bins[images.Plugin], tools),
+		images.Plugin:     b.PluginImage(runtime.GOARCH, bins, tools),
 		images.Controller: b.ControllerImage(runtime.GOARCH, bins[images.Controller]),
 	}
 	h := sha256.New()

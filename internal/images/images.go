@@ -9,7 +9,9 @@ package images
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +30,10 @@ const (
 	Plugin     = "podvol-plugin"
 	Controller = "podvol-controller"
 )
+
+// GroupSnapshotter is the other binary of the plugin's image: the node
+// pod's group snapshot sidecar (cmd/podvol-group-snapshotter).
+const GroupSnapshotter = "podvol-group-snapshotter"
 
 // Platforms are the architectures `make images` builds by default.
 var Platforms = []string{"amd64", "arm64"}
@@ -115,13 +121,18 @@ func (b Build) Labels(name string) map[string]string {
 }
 
 // PluginImage is the plugin's image for goarch: root (it attaches loop
-// devices and mounts), the binary at /podvol-plugin and tools, the files
-// PluginTools returns.
-func (b Build) PluginImage(goarch, binary string, tools []ociimage.File) ociimage.Image {
-	files := append([]ociimage.File{
-		{Path: "/" + Plugin, From: binary, Mode: 0o755},
+// devices and mounts), the binaries at /podvol-plugin and
+// /podvol-group-snapshotter (when bins has it: a release older than group
+// snapshots has none) and tools, the files PluginTools returns.
+func (b Build) PluginImage(goarch string, bins map[string]string, tools []ociimage.File) ociimage.Image {
+	files := []ociimage.File{
+		{Path: "/" + Plugin, From: bins[Plugin], Mode: 0o755},
 		{Path: "/tmp", Dir: true, Mode: 0o1777},
-	}, tools...)
+	}
+	if g, ok := bins[GroupSnapshotter]; ok {
+		files = append(files, ociimage.File{Path: "/" + GroupSnapshotter, From: g, Mode: 0o755})
+	}
+	files = append(files, tools...)
 	return ociimage.Image{
 		Platform:   ociimage.Linux(goarch),
 		Entrypoint: []string{"/" + Plugin},
@@ -144,15 +155,18 @@ func (b Build) ControllerImage(goarch, binary string) ociimage.Image {
 	}
 }
 
-// CompileBinaries cross-compiles the plugin and the controller for goarch
-// into dir (as dir/<name>), static, stripped, with the version stamped in
-// as `make build` does.
+// CompileBinaries cross-compiles the plugin, the group snapshotter (if the
+// checkout has it) and the controller for goarch into dir (as dir/<name>),
+// static, stripped, with the version stamped in as `make build` does.
 func (b Build) CompileBinaries(ctx context.Context, repo, goarch, dir string) (map[string]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	out := map[string]string{}
-	for _, name := range []string{Plugin, Controller} {
+	for _, name := range []string{Plugin, GroupSnapshotter, Controller} {
+		if _, err := os.Stat(filepath.Join(repo, "cmd", name)); name == GroupSnapshotter && errors.Is(err, fs.ErrNotExist) {
+			continue // an older release (the upgrade test's previous one)
+		}
 		bin := filepath.Join(dir, name)
 		b.logf("compiling %s for linux/%s", name, goarch)
 		args := []string{"build", "-ldflags", "-s -w -X main.version=" + b.Version, "-o", bin}
@@ -187,7 +201,7 @@ func (b Build) WriteAll(ctx context.Context, repo, outDir string, goarches []str
 		if err != nil {
 			return nil, err
 		}
-		byName[Plugin] = append(byName[Plugin], b.PluginImage(arch, bins[Plugin], tools))
+		byName[Plugin] = append(byName[Plugin], b.PluginImage(arch, bins, tools))
 		byName[Controller] = append(byName[Controller], b.ControllerImage(arch, bins[Controller]))
 	}
 	digests := map[string]string{}

@@ -34,6 +34,7 @@ import (
 
 	"github.com/podvol/podvol/internal/controller/clonelifecycle"
 	"github.com/podvol/podvol/internal/controller/ephemeral"
+	"github.com/podvol/podvol/internal/controller/grouprouting"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
 	"github.com/podvol/podvol/internal/controller/sourceplacement"
@@ -80,10 +81,11 @@ func startWith(t *testing.T, mapper func(meta.RESTMapper) meta.RESTMapper, only 
 	rec := mgr.GetEventRecorder("podvol-controller")
 	reads := &atomic.Int64{}
 	for name, r := range map[string]interface{ SetupWithManager(ctrl.Manager) error }{
-		"ephemeral-volume": &ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec},
-		"clone-lifecycle":  &clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec},
-		"node-loss":        &nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
-		"snapshot-import":  &snapshotimport.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
+		"ephemeral-volume":       &ephemeral.Reconciler{Client: mgr.GetClient(), Recorder: rec},
+		"clone-lifecycle":        &clonelifecycle.Reconciler{Client: mgr.GetClient(), Recorder: rec},
+		"node-loss":              &nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
+		"snapshot-import":        &snapshotimport.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
+		"group-snapshot-routing": &grouprouting.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
 		"source-placement": &sourceplacement.Reconciler{Client: countSnapshotReads{mgr.GetClient(), reads}, Recorder: rec, Driver: "podvol.io",
 			Backoff: placementBackoff, Wait: placementWait},
 	} {

@@ -64,6 +64,10 @@ func needed() []access {
 	add(verbs(snap, "snapshot.storage.k8s.io", "volumesnapshotclasses", "", "", "list", "watch")...)
 	add(verbs(snap+", "+prov, "snapshot.storage.k8s.io", "volumesnapshotcontents", "", "", "get", "list", "watch", "patch")...)
 	add(verbs(snap, "snapshot.storage.k8s.io", "volumesnapshotcontents", "status", "", "update", "patch")...)
+	const group = "podvol-group-snapshotter"
+	add(verbs(group, "groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "", "", "list", "watch")...)
+	add(verbs(group, "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", "", "get", "list", "watch", "patch")...)
+	add(verbs(group, "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "status", "", "update", "patch")...)
 	add(verbs(prov, "gateway.networking.k8s.io", "referencegrants", "", "", "list", "watch")...)
 	add(verbs(prov, "storage.k8s.io", "csistoragecapacities", "", namespace, "list", "watch", "create", "update", "delete")...)
 	add(verbs(res, "coordination.k8s.io", "leases", "", namespace, "create")...)
@@ -107,7 +111,8 @@ func notNeeded() []access {
 	add(verbs("", "", "persistentvolumeclaims", "", "tenant", "create", "delete", "patch")...)
 	add(verbs("", "", "secrets", "", "tenant", "get", "list")...)
 	add(verbs("", "", "configmaps", "", namespace, "get", "update")...)
-	add(verbs("", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", "", "list")...)
+	add(verbs("", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", "", "update", "create", "delete")...)
+	add(verbs("", "groupsnapshot.storage.k8s.io", "volumegroupsnapshots", "", "tenant", "get", "update")...)
 	return a
 }
 

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -131,19 +132,18 @@ func TestSidecars(t *testing.T) {
 		"--extra-create-metadata", "--feature-gates=CrossNamespaceVolumeDataSource=true", "--timeout=120s", "--kube-api-qps=50", "--kube-api-burst=100",
 		"--node-deployment-base-delay=1s", "--node-deployment-max-delay=5s", "-v=4")
 	snapshotter := e.run(t, "csi-snapshotter", bin("csi-snapshotter-"+versions.ExternalSnapshotter), []string{"NODE_NAME=node-a"},
-		csiAddress, "--kubeconfig="+nodeA, "--node-deployment", "-v=4")
+		csiAddress, "--kubeconfig="+nodeA, "--node-deployment", "--feature-gates=CSIVolumeGroupSnapshot=false", "-v=4")
+	groupSnapshotter := e.run(t, "podvol-group-snapshotter", groupSnapshotterBinary(t), []string{"NODE_NAME=node-a"},
+		csiAddress, "--kubeconfig="+nodeA, "-v=4")
 	// The one active external-resizer may run on any node: here node-b's,
 	// talking to node-a's plugin (ControllerExpandVolume touches no pool).
 	resizer := e.run(t, "csi-resizer", bin("csi-resizer-"+versions.ExternalResizer), []string{"NAMESPACE=" + namespace},
 		csiAddress, "--kubeconfig="+nodeB, "--leader-election", "--leader-election-namespace="+namespace,
 		"--handle-volume-inuse-error=false", "-v=4")
-	// Nothing may be refused, whatever else fails. The snapshotter asks once
-	// whether the group snapshot API is there; podvol-node may not read it
-	// (podvol has no group snapshots) and the snapshotter goes on without.
-	groupSnapshots := regexp.MustCompile(`VolumeGroupSnapshot CRDs were not found`)
+	// Nothing may be refused, whatever else fails.
 	t.Cleanup(func() {
-		for _, p := range []*process{provisioner, snapshotter, resizer} {
-			for _, l := range p.refusals(groupSnapshots) {
+		for _, p := range []*process{provisioner, snapshotter, groupSnapshotter, resizer} {
+			for _, l := range p.refusals(nil) {
 				t.Errorf("%s was refused: %s", p.name, l)
 			}
 		}
@@ -255,6 +255,8 @@ func TestSidecars(t *testing.T) {
 		return nil
 	})
 
+	groupSnapshot(t, e, "wffc")
+
 	claim("restored", "podvol", "64Mi", true, &corev1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap"})
 	waitFor(t, "a claim restored from the snapshot is bound", 2*time.Minute, bound("restored"))
 	// (At least the source's size, which has grown.)
@@ -286,6 +288,91 @@ func TestSidecars(t *testing.T) {
 		for _, name := range pvs {
 			if pv, err := kc.CoreV1().PersistentVolumes().Get(bg, name, metav1.GetOptions{}); err == nil {
 				return fmt.Errorf("PV %s still there (%s, finalizers %v)", name, pv.Status.Phase, pv.Finalizers)
+			}
+		}
+		return nil
+	})
+}
+
+// groupSnapshotterBinary builds cmd/podvol-group-snapshotter.
+func groupSnapshotterBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "podvol-group-snapshotter")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/podvol/podvol/cmd/podvol-group-snapshotter").CombinedOutput(); err != nil {
+		t.Fatalf("go build podvol-group-snapshotter: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// groupSnapshot takes a VolumeGroupSnapshot of the tenant's claim and
+// deletes it: snapshot-controller makes the group content, node-a's
+// podvol-group-snapshotter (with node-a's token, under rbac-node.yaml and
+// node-policy.yaml) cuts it and, once the group is deleted, deletes it. The
+// labels podvol-controller's group-snapshot-routing and snapshot-import set
+// (test/controller runs them) are set here as they would.
+func groupSnapshot(t *testing.T, e *env, claim string) {
+	t.Helper()
+	kc := e.admin.kc
+	c, err := kc.CoreV1().PersistentVolumeClaims("tenant").Get(bg, claim, metav1.GetOptions{})
+	must(t, err)
+	c.Labels = map[string]string{"group": "g"}
+	_, err = kc.CoreV1().PersistentVolumeClaims("tenant").Update(bg, c, metav1.UpdateOptions{})
+	must(t, err)
+	_, err = e.admin.dyn.Resource(vgsClassGVR).Create(bg, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotClass", "metadata": map[string]any{"name": "podvol"},
+		"driver": "podvol.io", "deletionPolicy": "Delete"}}, metav1.CreateOptions{})
+	must(t, err)
+	_, err = e.admin.dyn.Resource(vgsGVR).Namespace("tenant").Create(bg, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot", "metadata": map[string]any{"name": "group"},
+		"spec": map[string]any{"volumeGroupSnapshotClassName": "podvol",
+			"source": map[string]any{"selector": map[string]any{"matchLabels": map[string]any{"group": "g"}}}}}}, metav1.CreateOptions{})
+	must(t, err)
+	label := func(gvr schema.GroupVersionResource, name string) error {
+		_, err := e.admin.dyn.Resource(gvr).Patch(bg, name, types.MergePatchType,
+			[]byte(`{"metadata":{"labels":{"snapshot.storage.kubernetes.io/managed-by":"node-a"}}}`), metav1.PatchOptions{})
+		return err
+	}
+	var content string
+	waitFor(t, "snapshot-controller makes the group content", time.Minute, func() error {
+		u, err := e.admin.dyn.Resource(vgsGVR).Namespace("tenant").Get(bg, "group", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if content, _, _ = unstructured.NestedString(u.Object, "status", "boundVolumeGroupSnapshotContentName"); content == "" {
+			return fmt.Errorf("no content yet: %v", u.Object["status"])
+		}
+		return label(vgscGVR, content)
+	})
+	waitFor(t, "node-a's group snapshotter cuts the group", 2*time.Minute, func() error {
+		u, err := e.admin.dyn.Resource(vgsGVR).Namespace("tenant").Get(bg, "group", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if ready, _, _ := unstructured.NestedBool(u.Object, "status", "readyToUse"); !ready {
+			return fmt.Errorf("not ready: %v", u.Object["status"])
+		}
+		return nil
+	})
+	members, err := e.admin.dyn.Resource(vscGVR).List(bg, metav1.ListOptions{})
+	must(t, err)
+	var memberContents []string
+	for _, m := range members.Items {
+		if _, ok := m.GetAnnotations()["groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle"]; ok {
+			memberContents = append(memberContents, m.GetName())
+			must(t, label(vscGVR, m.GetName()))
+		}
+	}
+	if len(memberContents) != 1 {
+		t.Fatalf("the group of one claim has member contents %v", memberContents)
+	}
+	must(t, e.admin.dyn.Resource(vgsGVR).Namespace("tenant").Delete(bg, "group", metav1.DeleteOptions{}))
+	waitFor(t, "the group's contents are deleted by node-a", 2*time.Minute, func() error {
+		for _, x := range []struct {
+			gvr  schema.GroupVersionResource
+			name string
+		}{{vgscGVR, content}, {vscGVR, memberContents[0]}} {
+			if u, err := e.admin.dyn.Resource(x.gvr).Get(bg, x.name, metav1.GetOptions{}); err == nil {
+				return fmt.Errorf("%s %s still there (finalizers %v)", x.gvr.Resource, x.name, u.GetFinalizers())
 			}
 		}
 		return nil

@@ -91,6 +91,7 @@ func TestCluster(t *testing.T) {
 			{"AdmissionPolicy", testAdmissionPolicy},
 			{"MetricsNeedAuthorizedToken", testMetricsNeedAuthorizedToken},
 			{"DeviceClasses", testDeviceClasses},
+			{"GroupSnapshot", testGroupSnapshot},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()

@@ -79,7 +79,8 @@ spec:
 			scrapeTarget{base, `podvol_pool_capacity_bytes{node="` + node.Name + `",pool="default"}`, node.Name},
 			scrapeTarget{base + "/csi-provisioner", "csi_sidecar_operations_seconds_count{", node.Name},
 			scrapeTarget{base + "/csi-resizer", "csi_sidecar_operations_seconds_count{", node.Name},
-			scrapeTarget{base + "/csi-snapshotter", "csi_sidecar_operations_seconds_count{", node.Name})
+			scrapeTarget{base + "/csi-snapshotter", "csi_sidecar_operations_seconds_count{", node.Name},
+			scrapeTarget{base + "/podvol-group-snapshotter", "csi_sidecar_operations_seconds_count{", node.Name})
 	}
 	ctrl := get(t, "podvol-system", "pods", `{.items[?(@.metadata.labels.app\.kubernetes\.io/component=="controller")].metadata.name}`)
 	ip := get(t, "podvol-system", "pod/"+ctrl, "{.status.podIP}")

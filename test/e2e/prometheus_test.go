@@ -20,7 +20,7 @@ import (
 // The jobs of monitoring.ScrapeFile with a target on every node (the plugin
 // and the sidecars its server re-serves), and the controller's.
 var (
-	perNodeJobs    = []string{"podvol-plugin", "podvol-csi-provisioner", "podvol-csi-resizer", "podvol-csi-snapshotter"}
+	perNodeJobs    = []string{"podvol-plugin", "podvol-csi-provisioner", "podvol-csi-resizer", "podvol-csi-snapshotter", "podvol-group-snapshotter"}
 	controllerJobs = []string{"podvol-controller", "podvol-snapshot-controller"}
 	sidecarJobs    = perNodeJobs[1:]
 )

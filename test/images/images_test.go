@@ -204,7 +204,8 @@ func elfOf(t *testing.T, data []byte, what string) *elf.File {
 }
 
 // TestBinariesAreOfTheirArchitecture: /podvol-plugin and /podvol-controller
-// are static ELF executables of the image's architecture.
+// are static ELF executables of the image's architecture, and so is the
+// plugin image's /podvol-group-snapshotter.
 func TestBinariesAreOfTheirArchitecture(t *testing.T) {
 	b, _ := buildTwice(t)
 	for _, name := range []string{images.Plugin, images.Controller} {
@@ -221,6 +222,13 @@ func TestBinariesAreOfTheirArchitecture(t *testing.T) {
 			if e := p.config.Config.Entrypoint; len(e) != 1 || e[0] != "/"+name {
 				t.Errorf("%s of %s: entrypoint %v", name, p.arch, e)
 			}
+		}
+	}
+	// The chart runs the group snapshotter from the plugin's image.
+	for _, p := range platforms(t, b.archive[images.Plugin]) {
+		name := images.GroupSnapshotter
+		if f := elfOf(t, p.data["/"+name], name+" "+p.arch); f.Machine != machines[p.arch] {
+			t.Errorf("%s of %s is for %s", name, p.arch, f.Machine)
 		}
 	}
 }

@@ -1,12 +1,14 @@
-// Package snapshotimport routes imported snapshots to their node. podvol's
-// snapshots live in one node's pool, and each node's csi-snapshotter
-// (--node-deployment) takes only the VolumeSnapshotContents labelled with its
-// node. snapshot-controller labels the contents it creates for a
-// VolumeSnapshot, but a content an admin creates for an existing snapshot
-// handle (a pre-provisioned snapshot: an import, a restore from a retained
-// content) carries no label, and no sidecar would ever process it. podvol's
-// snapshot handles name their node (package snaphandle): this controller
-// reads it and labels such contents.
+// Package snapshotimport routes imported snapshots, and the members of group
+// snapshots, to their node. podvol's snapshots live in one node's pool, and
+// each node's csi-snapshotter (--node-deployment) takes only the
+// VolumeSnapshotContents labelled with its node. snapshot-controller labels
+// the contents it creates for a VolumeSnapshot, but a content an admin
+// creates for an existing snapshot handle (a pre-provisioned snapshot: an
+// import, a restore from a retained content) carries no label, nor do the
+// contents snapshot-controller creates for a VolumeGroupSnapshot's members,
+// and no sidecar would ever process them. podvol's snapshot handles name
+// their node (package snaphandle): this controller reads it (a member's from
+// its group's handle) and labels such contents.
 package snapshotimport
 
 import (
@@ -81,10 +83,22 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// unrouted tells whether a content is one of ours that no node takes yet.
+// GroupHandleAnnotation marks a member of a group snapshot: the contents
+// snapshot-controller makes for a VolumeGroupSnapshot's members carry the
+// group's handle in it, and no label (it labels only the contents of single
+// snapshots).
+const GroupHandleAnnotation = "groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle"
+
+// unrouted tells whether a content is one of ours that no node takes yet,
+// and the handle that names its node: an imported snapshot's, or the group's
+// of a group snapshot's member (whose own handle comes later, in its status;
+// the group's handle names the same node, as a group never spans two).
 func unrouted(u *unstructured.Unstructured, driver string) (handle string, ok bool) {
 	d, _, _ := unstructured.NestedString(u.Object, "spec", "driver")
 	handle, _, _ = unstructured.NestedString(u.Object, "spec", "source", "snapshotHandle")
+	if handle == "" {
+		handle = u.GetAnnotations()[GroupHandleAnnotation]
+	}
 	return handle, d == driver && handle != "" && u.GetLabels()[ManagedBy] == "" && u.GetDeletionTimestamp() == nil
 }
 

@@ -37,6 +37,16 @@ func newContent(name, driver, handle string, labels map[string]string) *unstruct
 	return u
 }
 
+// member is a content snapshot-controller makes for a member of a
+// VolumeGroupSnapshot: a volume as source, the group's handle in an
+// annotation, no label.
+func member(name, driver, groupHandle string) *unstructured.Unstructured {
+	u := newContent(name, driver, "", nil)
+	u.Object["spec"].(map[string]any)["source"] = map[string]any{"volumeHandle": "pv-1"}
+	u.SetAnnotations(map[string]string{GroupHandleAnnotation: groupHandle})
+	return u
+}
+
 var errAPI = errors.New("the API server is unreachable")
 
 func drain(rec *events.FakeRecorder) []string {
@@ -74,6 +84,9 @@ func TestReconcile(t *testing.T) {
 		{name: "a content snapshot-controller made (labelled) is left alone", content: newContent("c", names.Driver, onA, map[string]string{ManagedBy: "node-b"}),
 			nodes: []client.Object{node}, label: "node-b"},
 		{name: "a content without a handle (dynamic, not cut yet) is left alone", content: newContent("c", names.Driver, "", nil), nodes: []client.Object{node}},
+		{name: "a group snapshot's member is routed by its group's handle", content: member("c", names.Driver, snaphandle.Format("group-1", "node-a")),
+			nodes: []client.Object{node}, label: "node-a", event: ReasonRouted},
+		{name: "another driver's group member is left alone", content: member("c", "ebs.csi.example", snaphandle.Format("group-1", "node-a")), nodes: []client.Object{node}},
 		{name: "a content being deleted is left alone", content: newContent("c", names.Driver, onA, nil), deleted: true, nodes: []client.Object{node}},
 		{name: "a content gone", nodes: []client.Object{node}},
 		{name: "the label cannot be written", content: newContent("c", names.Driver, onA, nil), nodes: []client.Object{node}, wantErr: errAPI,
