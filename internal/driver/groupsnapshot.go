@@ -55,6 +55,10 @@ func (d *Driver) csiGroup(g *store.Group, snaps []*store.Snapshot) *csi.VolumeGr
 	return out
 }
 
+// groupDeletionPolicy is the one parameter a group snapshot tolerates
+// (with a valid value) besides the sidecar's.
+const groupDeletionPolicy = "deletionPolicy"
+
 // CreateVolumeGroupSnapshot cuts a snapshot of every volume at one instant
 // (pool.CreateGroupSnapshot, node.QuiesceGroup). All volumes must be in
 // this node's pool.
@@ -79,9 +83,15 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 		}
 		seen[id] = true
 	}
-	for k := range req.GetParameters() {
+	for k, v := range req.GetParameters() {
+		// Kubernetes' e2e suite writes a VolumeGroupSnapshotClass's
+		// deletion policy into its parameters as well as its field; the
+		// policy is the CO's business, so it is only checked for sense.
+		if k == groupDeletionPolicy && (v == "Delete" || v == "Retain") {
+			continue
+		}
 		if !strings.HasPrefix(k, sidecarPrefix) {
-			return nil, invalid("group snapshots take no parameters besides %s* keys (got %s)", sidecarPrefix, k)
+			return nil, invalid("group snapshots take no parameters besides %s* keys and %s (got %s=%q)", sidecarPrefix, groupDeletionPolicy, k, v)
 		}
 	}
 	defer d.locks.Lock("groupsnapshot/" + req.GetName())()

@@ -59,7 +59,10 @@ func TestGroupSnapshot(t *testing.T) {
 	b, devB := f.stagedVolume("pvc-b")
 	ordered := slices.Sorted(slices.Values([]string{a, b}))
 
-	resp, err := f.d.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group", SourceVolumeIds: []string{b, a}})
+	// The class's deletion policy among the parameters, as Kubernetes' e2e
+	// suite writes its classes, is tolerated.
+	resp, err := f.d.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group", SourceVolumeIds: []string{b, a},
+		Parameters: map[string]string{"deletionPolicy": "Retain"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,6 +169,7 @@ func TestGroupSnapshotRequests(t *testing.T) {
 		{"no volumes", &csi.CreateVolumeGroupSnapshotRequest{Name: "g"}, codes.InvalidArgument, "source volume"},
 		{"a volume twice", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{a, a}}, codes.InvalidArgument, "twice"},
 		{"a parameter", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{a}, Parameters: map[string]string{"fsType": "xfs"}}, codes.InvalidArgument, "parameters"},
+		{"a deletion policy that is none", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{a}, Parameters: map[string]string{"deletionPolicy": "Keep"}}, codes.InvalidArgument, "parameters"},
 		{"only unknown volumes", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{unknown}}, codes.NotFound, unknown},
 		{"volumes here and elsewhere", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{a, unknown}}, codes.FailedPrecondition, "node-1"},
 	} {
