@@ -74,8 +74,6 @@ var drivers = []driver{
 	{name: "xfs-rest", def: "xfs", skip: `\(block volmode\)|Snapshot`, floor: 29},
 	{name: "block", def: "block", focus: `\(block volmode\)`, floor: 11, slowFloor: 8},
 	{name: "inline", def: "inline", floor: 4},
-	// Group snapshots of volumes on one node (groups.yaml).
-	{name: "groups", def: "groups", focus: `volumegroupsnapshottable`, floor: 0},
 }
 
 // floorFor is the run's floor for the suite's [Slow] specs or the others.
@@ -187,7 +185,7 @@ var knownCaps = strings.Fields("persistence block fsGroup volumeMountGroup exec 
 func main() {
 	here := filepath.Join(devcluster.RepoRoot(), "test", "conformance")
 	slow := flag.Bool("slow", false, "run the [Slow] specs instead of the others")
-	only := flag.String("drivers", "", "comma-separated runs (ext4-snapshots, ext4-rest, xfs-snapshots, xfs-rest, block, inline, groups) or definitions (ext4: both its runs) to run (default: all)")
+	only := flag.String("drivers", "", "comma-separated runs (ext4-snapshots, ext4-rest, xfs-snapshots, xfs-rest, block, inline) or definitions (ext4: both its runs) to run (default: all)")
 	reports := flag.String("reports", "/var/lib/podvol-conformance", "where each driver's JUnit report and log are kept")
 	keep := flag.Bool("keep", os.Getenv("PODVOL_E2E_KEEP") != "", "leave the dev cluster up afterwards")
 	parallel := flag.Int("parallel", len(drivers), "runs at once (each is one e2e.test process, its specs one after another)")
@@ -560,8 +558,6 @@ func suiteArgs(d driver, def, repoList string, slow bool) []string {
 		"--storage.testdriver=" + def, "--kube-test-repo-list=" + repoList,
 		"--ginkgo.focus=" + focus, "--ginkgo.skip=" + strings.Join(skip, "|"),
 		"--provider=skeleton", "--minStartupPods=0", "--disable-log-dump",
-		// A definition's FromFile names a file from the repository's root.
-		"--repo-root=" + devcluster.RepoRoot(),
 	}
 }
 
