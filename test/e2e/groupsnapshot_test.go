@@ -27,22 +27,7 @@ func testGroupSnapshot(t *testing.T) {
 		}())
 	}
 	// Each volume says which it is; then the loop: a first, then b.
-	apply(t, `apiVersion: v1
-kind: Pod
-metadata: {name: db, namespace: %s}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: %s
-    imagePullPolicy: IfNotPresent
-    command: ["sh", "-c", "echo a > /a/name && echo b > /b/name && touch /tmp/ready && i=0 && while true; do i=$((i+1)); echo $i > /a/n; echo $i > /b/n; done"]
-    readinessProbe: {exec: {command: [test, -e, /tmp/ready]}, periodSeconds: 1}
-    volumeMounts: [{name: a, mountPath: /a}, {name: b, mountPath: /b}]
-  volumes:
-  - {name: a, persistentVolumeClaim: {claimName: a}}
-  - {name: b, persistentVolumeClaim: {claimName: b}}
-`, n, devcluster.Image)
+	twoClaimPod(t, n, "db", "echo a > /a/name && echo b > /b/name && i=0 && (while true; do i=$((i+1)); echo $i > /a/n; echo $i > /b/n; done) &", "a", "b")
 	waitPod(t, n, "db")
 	node := podNode(t, n, "db")
 	eventually(t, time.Minute, func() string {
@@ -94,22 +79,7 @@ spec:
 		c := "r" + strconv.Itoa(i)
 		pvc(t, n, c, "podvol-xfs", "512Mi", "  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: "+m+"}\n")
 	}
-	apply(t, `apiVersion: v1
-kind: Pod
-metadata: {name: reader, namespace: %s}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: %s
-    imagePullPolicy: IfNotPresent
-    command: ["sh", "-c", "touch /tmp/ready && exec sleep 36000"]
-    readinessProbe: {exec: {command: [test, -e, /tmp/ready]}, periodSeconds: 1}
-    volumeMounts: [{name: r0, mountPath: /r0}, {name: r1, mountPath: /r1}]
-  volumes:
-  - {name: r0, persistentVolumeClaim: {claimName: r0}}
-  - {name: r1, persistentVolumeClaim: {claimName: r1}}
-`, n, devcluster.Image)
+	twoClaimPod(t, n, "reader", "true", "r0", "r1")
 	waitPod(t, n, "reader")
 	if got := podNode(t, n, "reader"); got != node {
 		t.Errorf("the restores run on %s; the group's node is %s", got.Name, node.Name)
@@ -142,4 +112,25 @@ spec:
 		}
 		return ""
 	})
+}
+
+// twoClaimPod runs script in a pod with claims x and y at /x and /y.
+func twoClaimPod(t *testing.T, ns, name, script, x, y string) {
+	t.Helper()
+	apply(t, `apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: %s}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: %s
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", %q]
+    readinessProbe: {exec: {command: [test, -e, /tmp/ready]}, periodSeconds: 1}
+    volumeMounts: [{name: %s, mountPath: /%s}, {name: %s, mountPath: /%s}]
+  volumes:
+  - {name: %s, persistentVolumeClaim: {claimName: %s}}
+  - {name: %s, persistentVolumeClaim: {claimName: %s}}
+`, name, ns, devcluster.Image, script+"\ntouch /tmp/ready && exec sleep 36000", x, x, y, y, x, x, y, y)
 }
