@@ -156,12 +156,8 @@ func run(ctx context.Context, o options) error {
 	if !caps[csi.GroupControllerServiceCapability_RPC_CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT] {
 		return fmt.Errorf("the plugin (%s) does not offer CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT: it is older than group snapshots; upgrade it, or turn groupSnapshots off in the chart's values", driver)
 	}
-	// Informers of kinds the API does not serve never sync: wait for the
-	// CRDs (an admin may install them after podvol), saying why, rather
-	// than crash-loop the node's pod.
-	if !waitForCRDs(ctx, snap) {
-		return nil // stopped while waiting
-	}
+	// Served at once, while the CRDs are waited for too: the plugin
+	// re-serves them, and a scraper sees the process up.
 	if o.httpEndpoint != "" {
 		mm.SetDriverName(driver)
 		mm.WithAdditionalRegistry(legacyregistry.DefaultGatherer)
@@ -176,6 +172,12 @@ func run(ctx context.Context, o options) error {
 		defer func() { _ = srv.Close() }()
 	}
 
+	// Informers of kinds the API does not serve never sync: wait for the
+	// CRDs (an admin may install them after podvol), saying why, rather
+	// than crash-loop the node's pod.
+	if !waitForCRDs(ctx, snap) {
+		return nil // stopped while waiting
+	}
 	all := informers.NewSharedInformerFactory(snap, o.resync)
 	mine := informers.NewSharedInformerFactoryWithOptions(snap, o.resync, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.LabelSelector = labels.Set{utils.VolumeSnapshotContentManagedByLabel: o.node}.String()
