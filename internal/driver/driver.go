@@ -113,6 +113,8 @@ func toStatus(err error) error {
 		code = codes.OutOfRange
 	case errors.Is(err, errkind.ErrInvalid):
 		code = codes.InvalidArgument
+	case errors.Is(err, errkind.ErrDenied):
+		code = codes.PermissionDenied
 	}
 	return status.Error(code, err.Error())
 }

@@ -24,6 +24,7 @@ func TestToStatus(t *testing.T) {
 		{wrap(errkind.ErrUnusable), codes.FailedPrecondition},
 		{wrap(errkind.ErrOutOfRange), codes.OutOfRange},
 		{wrap(errkind.ErrInvalid), codes.InvalidArgument},
+		{wrap(errkind.ErrDenied), codes.PermissionDenied},
 		{errors.New("mount: boom"), codes.Internal},
 		{wrap(errkind.ErrUnaccounted), codes.Internal},
 		// Doubly wrapped, and joined with a cause that is not a kind.

@@ -25,4 +25,7 @@ var (
 	// ErrElsewhere: a snapshot this pool never held, which is therefore
 	// on another node's.
 	ErrElsewhere = errors.New("not on this node")
+	// ErrDenied: the caller is known but may not do this (a node asking
+	// for a volume no claim bound for it references).
+	ErrDenied = errors.New("permission denied")
 )

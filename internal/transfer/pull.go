@@ -1,0 +1,199 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// DefaultSyncEvery is how much a pull writes between syncs of its copy
+// (each one a Checkpoint): what a restart may have to copy again.
+const DefaultSyncEvery = 64 << 20
+
+// Pull is one pull of a source's image into a local file.
+type Pull struct {
+	// Client talks to the source node (ClientTLS for that node).
+	Client *http.Client
+	// Address of the source node's transfer endpoint, host:port.
+	Address string
+	Source  string
+	Claim   Claim
+	// Dst is the copy, opened read-write; the pull sizes it. It should be
+	// a file only the pull writes (a temporary image no volume is yet).
+	Dst *os.File
+	// Resume is where an earlier pull of the same source into Dst stopped
+	// (the last Checkpoint it reported); zero to start from the beginning.
+	Resume Checkpoint
+	// Checkpoint, if not nil, is called after each sync of Dst; an error
+	// stops the pull.
+	Checkpoint func(Checkpoint) error
+	// Progress, if not nil, is called as data arrives (after every chunk).
+	Progress func(Progress)
+	// SyncEvery: DefaultSyncEvery if 0.
+	SyncEvery int64
+}
+
+// Run pulls until the copy is complete and verified, or fails. A failed
+// pull leaves Dst verified up to its last Checkpoint: run again with it as
+// Resume. Errors of refused pulls wrap errkind.ErrDenied, ErrNotFound or
+// ErrInvalid; any other error may be retried.
+func (p *Pull) Run(ctx context.Context) (Result, error) {
+	start := time.Now()
+	from := int64(0)
+	if p.Resume.Identity != "" {
+		from = p.Resume.Verified
+	}
+	resp, err := p.get(ctx, from)
+	if err != nil {
+		return Result{}, err
+	}
+	cp, err := checkpointOf(resp)
+	if err != nil {
+		resp.Body.Close()
+		return Result{}, err
+	}
+	if from > 0 && (cp.Identity != p.Resume.Identity || cp.Size != p.Resume.Size) {
+		// The source serves another image under this id (it was cut again
+		// after a restart): what Dst holds is of the old one.
+		resp.Body.Close()
+		klog.FromContext(ctx).Info("The source's image changed since the pull stopped: starting again", "source", p.Source, "address", p.Address, "verified", from)
+		from = 0
+		if resp, err = p.get(ctx, 0); err != nil {
+			return Result{}, err
+		}
+		if cp, err = checkpointOf(resp); err != nil {
+			resp.Body.Close()
+			return Result{}, err
+		}
+	}
+	defer resp.Body.Close()
+	if from == 0 {
+		// Nothing of an earlier copy may survive: holes must be holes.
+		if err := p.Dst.Truncate(0); err != nil {
+			return Result{}, fmt.Errorf("empty the copy: %w", err)
+		}
+	}
+	if err := p.Dst.Truncate(cp.Size); err != nil {
+		return Result{}, fmt.Errorf("size the copy to %d bytes: %w", cp.Size, err)
+	}
+	cp.Verified = from
+	total, err := strconv.ParseInt(resp.Header.Get(headerData), 10, 64)
+	if err != nil || total < 0 {
+		return Result{}, fmt.Errorf("source %s answered without its data size", p.Address)
+	}
+	res := Result{Resumed: from}
+	syncEvery := p.SyncEvery
+	if syncEvery <= 0 {
+		syncEvery = DefaultSyncEvery
+	}
+	fr := newReader(resp.Body, cp.Size, from)
+	var unsynced, done, reached int64
+	for {
+		f, err := fr.read()
+		if err != nil {
+			return res, p.stopped(cp, reached, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err))
+		}
+		switch f.kind {
+		case frameData:
+			if _, err := p.Dst.WriteAt(f.data, f.offset); err != nil {
+				return res, p.stopped(cp, reached, fmt.Errorf("write %d bytes at %d of the copy: %w", f.length, f.offset, err))
+			}
+			res.Sent += f.length
+			unsynced += f.length
+		case frameZero:
+			// Dst is a hole there (sized from empty, or the same image).
+			res.Zeros += f.length
+		case frameFail:
+			return res, p.stopped(cp, reached, fmt.Errorf("pull %s from %s: the source failed: %s", p.Source, p.Address, f.msg))
+		case frameEnd:
+			cp.Verified = cp.Size
+			if err := p.sync(cp); err != nil {
+				return res, err
+			}
+			res.Checkpoint = cp
+			res.Duration = time.Since(start)
+			return res, nil
+		}
+		done += f.length
+		reached = f.offset + f.length
+		if p.Progress != nil {
+			p.Progress(Progress{Done: done, Total: total, Elapsed: time.Since(start)})
+		}
+		if unsynced >= syncEvery {
+			cp.Verified = reached
+			if err := p.sync(cp); err != nil {
+				return res, err
+			}
+			unsynced = 0
+		}
+	}
+}
+
+// stopped syncs what was verified before a pull failed, so that the next
+// one resumes from the last frame received rather than the last sync.
+func (p *Pull) stopped(cp Checkpoint, reached int64, err error) error {
+	if reached <= cp.Verified {
+		return err
+	}
+	cp.Verified = reached
+	if serr := p.sync(cp); serr != nil {
+		return errors.Join(err, serr)
+	}
+	return err
+}
+
+// sync makes cp true on disk, then reports it. The copy's pages are
+// dropped: the volume will be read through a loop device with direct I/O,
+// and a cached copy would be a second one no pod is charged for.
+func (p *Pull) sync(cp Checkpoint) error {
+	if err := unix.Fdatasync(int(p.Dst.Fd())); err != nil {
+		return fmt.Errorf("sync the copy: %w", err)
+	}
+	_ = unix.Fadvise(int(p.Dst.Fd()), 0, 0, unix.FADV_DONTNEED)
+	if p.Checkpoint != nil {
+		if err := p.Checkpoint(cp); err != nil {
+			return fmt.Errorf("record the pull's checkpoint at %d: %w", cp.Verified, err)
+		}
+	}
+	return nil
+}
+
+func (p *Pull) get(ctx context.Context, from int64) (*http.Response, error) {
+	u := url.URL{Scheme: "https", Host: p.Address, Path: Path + p.Source, RawQuery: url.Values{
+		"namespace": {p.Claim.Namespace}, "name": {p.Claim.Name}, "uid": {p.Claim.UID},
+		"from": {strconv.FormatInt(from, 10)},
+	}.Encode()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.Client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, fmt.Errorf("pull %s from %s for claim %s: %w", p.Source, p.Address, p.Claim, errorOf(resp))
+	}
+	return resp, nil
+}
+
+func checkpointOf(resp *http.Response) (Checkpoint, error) {
+	size, err := strconv.ParseInt(resp.Header.Get(headerSize), 10, 64)
+	if err != nil || size < 0 {
+		return Checkpoint{}, fmt.Errorf("the source answered without the image's size")
+	}
+	id := resp.Header.Get(headerIdentity)
+	if id == "" {
+		return Checkpoint{}, fmt.Errorf("the source answered without the image's identity")
+	}
+	return Checkpoint{Identity: id, Size: size}, nil
+}

@@ -1,0 +1,222 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
+	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/errkind"
+)
+
+// Path is where a source serves its images: Path + the source id.
+const Path = "/v1/images/"
+
+// Server serves images to the nodes that may pull them.
+type Server struct {
+	Images     Images
+	Authorizer Authorizer
+	// Limiter, if not nil, is shared by every pull this server serves: the
+	// node's bandwidth for transfers. Its burst must be at least ChunkSize.
+	Limiter *rate.Limiter
+}
+
+// ServeHTTP answers one pull. The caller's node comes from its verified
+// client certificate; a connection without one never gets here (the TLS
+// handshake refuses it) but is refused again, in case the server was set up
+// without ServerTLS.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+		http.Error(w, "a node's transfer certificate is required", http.StatusUnauthorized)
+		return
+	}
+	caller, err := NodeOf(r.TLS.VerifiedChains[0][0])
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	if r.Method != http.MethodGet {
+		http.Error(w, "pulls are GET", http.StatusMethodNotAllowed)
+		return
+	}
+	req, err := parseRequest(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	req.Caller = caller
+	log := klog.FromContext(r.Context()).WithValues("caller", caller, "source", req.Source, "claim", req.Claim.String(), "from", req.From)
+	if err := s.Authorizer.Authorize(r.Context(), req); err != nil {
+		log.Info("Refused a pull", "err", err)
+		http.Error(w, err.Error(), statusOf(err))
+		return
+	}
+	img, err := s.Images.Open(r.Context(), req.Source)
+	if err != nil {
+		log.Info("Cannot serve a pull", "err", err)
+		http.Error(w, err.Error(), statusOf(err))
+		return
+	}
+	defer img.File.Close()
+	if req.From > img.Size {
+		http.Error(w, fmt.Sprintf("from %d is beyond the image's %d bytes", req.From, img.Size), http.StatusRequestedRangeNotSatisfiable)
+		return
+	}
+	total, err := dataBytes(img.File, req.From, img.Size)
+	if err != nil {
+		log.Error(err, "Cannot list the image's data")
+		http.Error(w, fmt.Sprintf("listing the data of %s: %v", req.Source, err), http.StatusInternalServerError)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/vnd.podvol.transfer")
+	h.Set(headerSize, strconv.FormatInt(img.Size, 10))
+	h.Set(headerIdentity, img.Identity)
+	h.Set(headerData, strconv.FormatInt(total, 10))
+	w.WriteHeader(http.StatusOK)
+	log.V(2).Info("Serving a pull", "bytes", total)
+	fw := newWriter(w)
+	if err := s.stream(r.Context(), img, req.From, fw); err != nil {
+		// The caller may be gone (its context ends the stream); if not, it
+		// learns why the stream ends early.
+		log.Info("A pull ended early", "err", err)
+		_ = fw.fail(err.Error())
+		return
+	}
+	if err := fw.end(); err != nil {
+		log.Info("A pull ended early", "err", err)
+	}
+}
+
+// stream writes the image's data from off: each data extent in chunks, a
+// chunk of zeros as its length alone.
+func (s *Server) stream(ctx context.Context, img Image, off int64, w *writer) error {
+	fd := int(img.File.Fd())
+	// The pages read are not kept: a snapshot read once for a move should
+	// not push a running pod's data out of the page cache.
+	_ = unix.Fadvise(fd, off, 0, unix.FADV_SEQUENTIAL)
+	buf := make([]byte, ChunkSize)
+	return extents(img.File, off, img.Size, func(start, end int64) error {
+		for pos := start; pos < end; {
+			n := min(end-pos, ChunkSize)
+			b := buf[:n]
+			if _, err := img.File.ReadAt(b, pos); err != nil {
+				return fmt.Errorf("read %d bytes at %d: %w", n, pos, err)
+			}
+			_ = unix.Fadvise(fd, pos, n, unix.FADV_DONTNEED)
+			if bytes.Equal(b, zeros[:n]) {
+				if err := w.zero(pos, n); err != nil {
+					return err
+				}
+			} else {
+				if s.Limiter != nil {
+					if err := s.Limiter.WaitN(ctx, int(n)); err != nil {
+						return fmt.Errorf("bandwidth limit: %w", err)
+					}
+				}
+				if err := w.data(pos, b); err != nil {
+					return err
+				}
+			}
+			pos += n
+		}
+		return nil
+	})
+}
+
+var zeros = make([]byte, ChunkSize)
+
+// extents calls fn for each data extent of f between off and size, in
+// order, the first one cut to start at off.
+func extents(f *os.File, off, size int64, fn func(start, end int64) error) error {
+	fd := int(f.Fd())
+	for off < size {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("SEEK_DATA at %d: %w", off, err)
+		}
+		if data >= size {
+			return nil
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("SEEK_HOLE at %d: %w", data, err)
+		}
+		hole = min(hole, size)
+		if err := fn(data, hole); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}
+
+// dataBytes is the size of f's data extents between off and size.
+func dataBytes(f *os.File, off, size int64) (int64, error) {
+	var n int64
+	err := extents(f, off, size, func(start, end int64) error {
+		n += end - start
+		return nil
+	})
+	return n, err
+}
+
+func parseRequest(r *http.Request) (Request, error) {
+	q := r.URL.Query()
+	req := Request{
+		Source: r.URL.Path[min(len(Path), len(r.URL.Path)):],
+		Claim:  Claim{Namespace: q.Get("namespace"), Name: q.Get("name"), UID: q.Get("uid")},
+	}
+	if !sourceName.MatchString(req.Source) {
+		return req, fmt.Errorf("source %q is not an image id", req.Source)
+	}
+	if req.Claim.Namespace == "" || req.Claim.Name == "" || req.Claim.UID == "" {
+		return req, fmt.Errorf("a pull names its claim: namespace, name and uid")
+	}
+	if v := q.Get("from"); v != "" {
+		from, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || from < 0 {
+			return req, fmt.Errorf("from %q is not an offset", v)
+		}
+		req.From = from
+	}
+	return req, nil
+}
+
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, errkind.ErrDenied):
+		return http.StatusForbidden
+	case errors.Is(err, errkind.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, errkind.ErrInvalid):
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+// errorOf turns a refused pull's answer into an error of the matching kind.
+func errorOf(resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxFailMsg))
+	msg := fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(body))
+	switch resp.StatusCode {
+	case http.StatusForbidden, http.StatusUnauthorized:
+		return fmt.Errorf("%s: %w", msg, errkind.ErrDenied)
+	case http.StatusNotFound:
+		return fmt.Errorf("%s: %w", msg, errkind.ErrNotFound)
+	case http.StatusBadRequest, http.StatusRequestedRangeNotSatisfiable:
+		return fmt.Errorf("%s: %w", msg, errkind.ErrInvalid)
+	}
+	return errors.New(msg)
+}

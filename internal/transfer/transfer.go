@@ -1,0 +1,146 @@
+// Package transfer moves a volume's data between the plugins of two nodes.
+// The target node pulls; the source node serves an image that does not
+// change while it is served (a snapshot, or a snapshot cut for the move).
+//
+// Both ends authenticate each other with mutual TLS, with certificates whose
+// subject names a node (CommonName); what a node may pull is the
+// Authorizer's to say, asked for every request with the caller's node as the
+// certificate proves it. Only the image's data extents move (SEEK_DATA,
+// SEEK_HOLE; chunks of zeros are sent as their length alone), every chunk
+// carries its SHA-256, checked before it is written, and the stream ends
+// with a digest over every chunk it carried, so a dropped or reordered chunk
+// fails the pull. The target syncs its copy every SyncEvery bytes and
+// records how far it is verified (a Checkpoint); a pull that stops, on
+// either side, resumes from there as long as the source serves the same
+// image (its Identity).
+//
+// The protocol is HTTP/1.1 over TLS 1.3, one GET per pull, the body a
+// stream of frames (wire.go): no code generation, no HTTP/2 flow-control
+// window between the disk and the network.
+package transfer
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// CommonNamePrefix starts the subject common name of a node's transfer
+// certificate; the node's name follows.
+const CommonNamePrefix = "system:podvol-transfer:"
+
+// CommonName is the subject common name of node's certificate.
+func CommonName(node string) string { return CommonNamePrefix + node }
+
+// NodeOf returns the node a verified certificate names.
+func NodeOf(cert *x509.Certificate) (string, error) {
+	node, ok := strings.CutPrefix(cert.Subject.CommonName, CommonNamePrefix)
+	if !ok || !nodeName.MatchString(node) {
+		return "", fmt.Errorf("certificate subject %q does not name a node (want %s<node>)", cert.Subject.CommonName, CommonNamePrefix)
+	}
+	return node, nil
+}
+
+// nodeName is a Kubernetes object name (a DNS subdomain).
+var nodeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// sourceName bounds what a request may name as its source: the ids the
+// pool makes, and nothing that could be read as a path.
+var sourceName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,127}$`)
+
+// Claim is the PersistentVolumeClaim a pull is for.
+type Claim struct {
+	Namespace, Name, UID string
+}
+
+func (c Claim) String() string { return c.Namespace + "/" + c.Name }
+
+// Request is one pull as the source sees it.
+type Request struct {
+	// Caller is the node that asks, from its verified certificate.
+	Caller string
+	// Source is the image's id on the source node.
+	Source string
+	// Claim is the claim the caller copies for.
+	Claim Claim
+	// From is the offset to serve from (a resumed pull).
+	From int64
+}
+
+// Image is an image opened for serving. The server closes File.
+type Image struct {
+	File *os.File
+	// Size is the image's size in bytes.
+	Size int64
+	// Identity changes whenever a different image is served under the same
+	// source id: a resumed pull whose checkpoint names another identity
+	// starts again.
+	Identity string
+}
+
+// Images opens the image a source id names. It must refuse ids it does not
+// serve (an error wrapping errkind.ErrNotFound) and never open a path the
+// id could escape to.
+type Images interface {
+	Open(ctx context.Context, source string) (Image, error)
+}
+
+// Authorizer says whether a request may be served: nil, or an error that
+// wraps errkind.ErrDenied (403) or errkind.ErrNotFound (404); any other
+// error is a 500, which the puller may retry.
+type Authorizer interface {
+	Authorize(ctx context.Context, r Request) error
+}
+
+// Checkpoint is how far a pull has got, for the target to keep and give
+// back to resume.
+type Checkpoint struct {
+	// Identity of the image being copied; empty before the first answer.
+	Identity string
+	// Size of the image.
+	Size int64
+	// Verified: every byte before it is on disk (synced) and equal to the
+	// source's.
+	Verified int64
+}
+
+// Progress is reported as a pull goes.
+type Progress struct {
+	// Done of Total bytes of data (the source's data extents from where
+	// this pull started) have been received and checked.
+	Done, Total int64
+	// Elapsed since this pull started.
+	Elapsed time.Duration
+}
+
+// Rate is Done per second so far.
+func (p Progress) Rate() float64 {
+	if p.Elapsed <= 0 {
+		return 0
+	}
+	return float64(p.Done) / p.Elapsed.Seconds()
+}
+
+// Remaining estimates the time left at the rate so far; 0 when unknown.
+func (p Progress) Remaining() time.Duration {
+	r := p.Rate()
+	if r <= 0 || p.Done >= p.Total {
+		return 0
+	}
+	return time.Duration(float64(p.Total-p.Done) / r * float64(time.Second))
+}
+
+// Result says what a finished pull moved.
+type Result struct {
+	Checkpoint
+	// Sent is the bytes of data that crossed the network; Zeros the bytes
+	// of chunks of zeros sent as their length alone.
+	Sent, Zeros int64
+	// Resumed is the offset the pull started from (0: from the start).
+	Resumed  int64
+	Duration time.Duration
+}

@@ -1,0 +1,594 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/podvol/podvol/internal/errkind"
+)
+
+// ca signs node certificates the way podvol's signer does: one key pair,
+// the node in the subject, usable by both ends.
+type ca struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newCA(t *testing.T) *ca {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "podvol transfer test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &ca{cert: cert, key: key, pool: pool}
+}
+
+var serial int64 = 100
+
+// creds issues a certificate with the common name cn, trusted by c's roots.
+func (c *ca) creds(t *testing.T, cn string) creds {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial++
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return creds{cert: &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, roots: c.pool}
+}
+
+type creds struct {
+	cert  *tls.Certificate
+	roots *x509.CertPool
+}
+
+func (c creds) Certificate() (*tls.Certificate, error) { return c.cert, nil }
+func (c creds) Roots() (*x509.CertPool, error)         { return c.roots, nil }
+
+// files serves images from a directory, as the pool would.
+type files struct {
+	dir    string
+	mu     sync.Mutex
+	opened int
+}
+
+func (f *files) Open(_ context.Context, source string) (Image, error) {
+	f.mu.Lock()
+	f.opened++
+	f.mu.Unlock()
+	file, err := os.Open(filepath.Join(f.dir, source+".img"))
+	if errors.Is(err, os.ErrNotExist) {
+		return Image{}, fmt.Errorf("image %s: %w", source, errkind.ErrNotFound)
+	}
+	if err != nil {
+		return Image{}, err
+	}
+	fi, err := file.Stat()
+	if err != nil {
+		file.Close()
+		return Image{}, err
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	return Image{File: file, Size: fi.Size(), Identity: fmt.Sprintf("%d:%d", st.Ino, fi.ModTime().UnixNano())}, nil
+}
+
+// authz records what it was asked and answers err.
+type authz struct {
+	mu   sync.Mutex
+	seen []Request
+	err  error
+}
+
+func (a *authz) Authorize(_ context.Context, r Request) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.seen = append(a.seen, r)
+	return a.err
+}
+
+// serve runs h on 127.0.0.1 with c's credentials until the test ends.
+func serve(t *testing.T, c creds, h http.Handler) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, lis, c, h) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return lis.Addr().String()
+}
+
+const testClaimUID = "0b1c2d3e-0000-4000-8000-000000000001"
+
+var testClaim = Claim{Namespace: "team-a", Name: "data", UID: testClaimUID}
+
+type extent struct {
+	off  int64
+	data []byte
+}
+
+func random(n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// makeImage writes a sparse image of size with data at the extents.
+func makeImage(t *testing.T, path string, size int64, ext []extent) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ext {
+		if _, err := f.WriteAt(e.data, e.off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func fileSum(t *testing.T, path string) [32]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return [32]byte(h.Sum(nil))
+}
+
+func allocated(t *testing.T, path string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// fixture is a source node (node-a) serving dir's images, and the
+// credentials of the node that pulls (node-b).
+type fixture struct {
+	dir    string
+	ca     *ca
+	images *files
+	authz  *authz
+	addr   string
+	target creds
+}
+
+func newFixture(t *testing.T, limiter *rate.Limiter, wrap func(http.Handler) http.Handler) *fixture {
+	t.Helper()
+	fx := &fixture{dir: t.TempDir(), ca: newCA(t), authz: &authz{}}
+	fx.images = &files{dir: fx.dir}
+	var h http.Handler = &Server{Images: fx.images, Authorizer: fx.authz, Limiter: limiter}
+	if wrap != nil {
+		h = wrap(h)
+	}
+	fx.addr = serve(t, fx.ca.creds(t, CommonName("node-a")), h)
+	fx.target = fx.ca.creds(t, CommonName("node-b"))
+	return fx
+}
+
+func (fx *fixture) pull(t *testing.T, source string, dst *os.File) *Pull {
+	return &Pull{Client: Client(fx.target, "node-a"), Address: fx.addr, Source: source, Claim: testClaim, Dst: dst}
+}
+
+func openDst(t *testing.T) (*os.File, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "copy.img")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f, path
+}
+
+// A 256 MiB image holding 6 MiB moves 5 MiB of data and a 1 MiB chunk of
+// zeros as its length: the copy is equal, as sparse as the source, and
+// the source was asked by the caller's node with the claim.
+func TestPullMovesOnlyTheData(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	src := filepath.Join(fx.dir, "snap-1.img")
+	makeImage(t, src, 256<<20, []extent{
+		{10 << 20, random(3 << 20)},
+		{50 << 20, make([]byte, 1<<20)}, // written zeros: allocated, sent as a length
+		{200 << 20, random(2 << 20)},
+		{256<<20 - 4096, random(4096)},
+	})
+	dst, dstPath := openDst(t)
+	p := fx.pull(t, "snap-1", dst)
+	var last Progress
+	var checkpoints []Checkpoint
+	p.Progress = func(pr Progress) { last = pr }
+	p.Checkpoint = func(c Checkpoint) error { checkpoints = append(checkpoints, c); return nil }
+	p.SyncEvery = 2 << 20
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fileSum(t, src) != fileSum(t, dstPath) {
+		t.Fatal("the copy differs from the source")
+	}
+	wantSent := int64(5<<20 + 4096)
+	if res.Sent != wantSent || res.Zeros != 1<<20 {
+		t.Errorf("sent %d bytes of data and %d of zeros, want %d and %d", res.Sent, res.Zeros, wantSent, 1<<20)
+	}
+	if got, most := allocated(t, dstPath), wantSent+(1<<20); got > most {
+		t.Errorf("the copy allocates %d bytes, want at most %d (the data)", got, most)
+	}
+	if res.Verified != 256<<20 || res.Size != 256<<20 || res.Identity == "" {
+		t.Errorf("result %+v, want verified to the size", res.Checkpoint)
+	}
+	if last.Done != last.Total || last.Total != wantSent+1<<20 {
+		t.Errorf("last progress %d of %d, want all of %d", last.Done, last.Total, wantSent+1<<20)
+	}
+	if len(checkpoints) < 3 || checkpoints[len(checkpoints)-1].Verified != 256<<20 {
+		t.Errorf("checkpoints %+v: want several, the last at the end", checkpoints)
+	}
+	for i := 1; i < len(checkpoints); i++ {
+		if checkpoints[i].Verified <= checkpoints[i-1].Verified {
+			t.Errorf("checkpoints go backwards: %+v", checkpoints)
+		}
+	}
+	want := Request{Caller: "node-b", Source: "snap-1", Claim: testClaim}
+	if len(fx.authz.seen) != 1 || fx.authz.seen[0] != want {
+		t.Errorf("authorizer asked %+v, want once %+v", fx.authz.seen, want)
+	}
+}
+
+// abortAfter serves until n bytes of the body are written, then drops the
+// connection, as a source node that restarts does.
+func abortAfter(n int) func(http.Handler) http.Handler {
+	return func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h.ServeHTTP(&cutWriter{ResponseWriter: w, left: n}, r)
+		})
+	}
+}
+
+type cutWriter struct {
+	http.ResponseWriter
+	left int
+}
+
+func (c *cutWriter) Write(b []byte) (int, error) {
+	if len(b) > c.left {
+		_, _ = c.ResponseWriter.Write(b[:c.left])
+		panic(http.ErrAbortHandler)
+	}
+	c.left -= len(b)
+	return c.ResponseWriter.Write(b)
+}
+
+// A source that stops mid-stream fails the pull; the pull resumes from its
+// last checkpoint, moves only what is left, and the copy is equal.
+func TestPullResumesAfterTheSourceStops(t *testing.T) {
+	var once sync.Once
+	cut := abortAfter(5<<20 + 100)
+	fx := newFixture(t, nil, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				cut(h).ServeHTTP(w, r)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	src := filepath.Join(fx.dir, "snap-2.img")
+	makeImage(t, src, 64<<20, []extent{{0, random(12 << 20)}, {40 << 20, random(4 << 20)}})
+	dst, dstPath := openDst(t)
+	var cp Checkpoint
+	p := fx.pull(t, "snap-2", dst)
+	p.SyncEvery = 1 << 20
+	p.Checkpoint = func(c Checkpoint) error { cp = c; return nil }
+	if _, err := p.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "unexpected EOF") {
+		t.Fatalf("first pull: %v, want the stream cut", err)
+	}
+	if cp.Verified < 4<<20 || cp.Verified > 6<<20 {
+		t.Fatalf("checkpoint after the cut at %d, want about 5 MiB", cp.Verified)
+	}
+	p.Resume, p.Checkpoint = cp, nil
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Resumed != cp.Verified || res.Sent != 16<<20-cp.Verified {
+		t.Errorf("resumed at %d sending %d bytes, want %d and %d", res.Resumed, res.Sent, cp.Verified, 16<<20-cp.Verified)
+	}
+	if fileSum(t, src) != fileSum(t, dstPath) {
+		t.Fatal("the resumed copy differs from the source")
+	}
+}
+
+// A target that stops (its context ends: the plugin restarts) resumes from
+// its checkpoint too.
+func TestPullResumesAfterTheTargetStops(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	src := filepath.Join(fx.dir, "snap-3.img")
+	makeImage(t, src, 32<<20, []extent{{1 << 20, random(20 << 20)}})
+	dst, dstPath := openDst(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var cp Checkpoint
+	p := fx.pull(t, "snap-3", dst)
+	p.SyncEvery = 1 << 20
+	p.Checkpoint = func(c Checkpoint) error {
+		cp = c
+		if c.Verified >= 8<<20 {
+			cancel()
+		}
+		return nil
+	}
+	if _, err := p.Run(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("pull: %v, want it cancelled", err)
+	}
+	if cp.Verified < 8<<20 {
+		t.Fatalf("checkpoint %d, want at least 8 MiB", cp.Verified)
+	}
+	p.Resume, p.Checkpoint = cp, nil
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Resumed != cp.Verified {
+		t.Errorf("resumed at %d, want %d", res.Resumed, cp.Verified)
+	}
+	if fileSum(t, src) != fileSum(t, dstPath) {
+		t.Fatal("the resumed copy differs from the source")
+	}
+}
+
+// A checkpoint of another image (the source's snapshot was cut again) is
+// not resumed: the pull starts again, and nothing of the old copy is left,
+// holes included.
+func TestPullStartsAgainWhenTheImageChanged(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	src := filepath.Join(fx.dir, "snap-4.img")
+	makeImage(t, src, 16<<20, []extent{{8 << 20, random(1 << 20)}})
+	dst, dstPath := openDst(t)
+	if _, err := dst.WriteAt(bytes.Repeat([]byte{0xAA}, 16<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	p := fx.pull(t, "snap-4", dst)
+	p.Resume = Checkpoint{Identity: "an-older-cut", Size: 16 << 20, Verified: 12 << 20}
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Resumed != 0 {
+		t.Errorf("resumed at %d, want a new start", res.Resumed)
+	}
+	if fileSum(t, src) != fileSum(t, dstPath) {
+		t.Fatal("the copy keeps bytes of the old one")
+	}
+}
+
+// rawSource answers a pull with a stream the test makes.
+func rawSource(size int64, body []byte) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(headerSize, strconv.FormatInt(size, 10))
+		w.Header().Set(headerIdentity, "raw")
+		w.Header().Set(headerData, "1")
+		_, _ = w.Write(body)
+	})
+}
+
+// A chunk altered after its digest was taken, or a stream whose digest
+// does not cover what arrived, fails the pull before the chunk counts as
+// verified.
+func TestPullRefusesCorruptStreams(t *testing.T) {
+	c := newCA(t)
+	good := random(4096)
+	altered := func() []byte {
+		var b bytes.Buffer
+		w := newWriter(&b)
+		if err := w.data(0, good); err != nil {
+			t.Fatal(err)
+		}
+		raw := b.Bytes()
+		raw[len(raw)-1] ^= 1
+		_ = w.end()
+		return b.Bytes()
+	}()
+	dropped := func() []byte {
+		var sent, all bytes.Buffer
+		ws, wa := newWriter(&sent), newWriter(&all)
+		_ = wa.data(0, good)
+		_ = ws.data(8192, good)
+		_ = wa.data(8192, good)
+		ws.digest, ws.total = wa.digest, wa.total // the end of the stream with both
+		_ = ws.end()
+		return sent.Bytes()
+	}()
+	for name, c2 := range map[string]struct {
+		body []byte
+		want string
+	}{
+		"altered": {altered, "does not match its SHA-256"},
+		"dropped": {dropped, "8192 bytes of data"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			addr := serve(t, c.creds(t, CommonName("node-a")), rawSource(16384, c2.body))
+			dst, _ := openDst(t)
+			var cps []Checkpoint
+			p := &Pull{Client: Client(c.creds(t, CommonName("node-b")), "node-a"), Address: addr, Source: "snap-x", Claim: testClaim, Dst: dst,
+				Checkpoint: func(cp Checkpoint) error { cps = append(cps, cp); return nil }}
+			_, err := p.Run(context.Background())
+			if err == nil || !strings.Contains(err.Error(), c2.want) {
+				t.Fatalf("pull: %v, want %q", err, c2.want)
+			}
+			for _, cp := range cps {
+				if cp.Verified == 16384 {
+					t.Errorf("checkpoint %+v counts the corrupt stream as verified", cp)
+				}
+			}
+		})
+	}
+}
+
+// Only a node with a certificate of the signer, asking its own source,
+// for a pull the authorizer allows, gets data.
+func TestPullRefusals(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	makeImage(t, filepath.Join(fx.dir, "snap-5.img"), 1<<20, []extent{{0, random(4096)}})
+	get := func(t *testing.T, client *http.Client, source string) error {
+		t.Helper()
+		dst, _ := openDst(t)
+		_, err := (&Pull{Client: client, Address: fx.addr, Source: source, Claim: testClaim, Dst: dst}).Run(context.Background())
+		return err
+	}
+	t.Run("no client certificate", func(t *testing.T) {
+		noCert := creds{cert: &tls.Certificate{}, roots: fx.ca.pool}
+		if err := get(t, Client(noCert, "node-a"), "snap-5"); err == nil {
+			t.Fatal("a client without a certificate pulled")
+		}
+	})
+	t.Run("certificate of another signer", func(t *testing.T) {
+		other := newCA(t).creds(t, CommonName("node-b"))
+		other.roots = fx.ca.pool
+		if err := get(t, Client(other, "node-a"), "snap-5"); err == nil {
+			t.Fatal("a certificate of another signer pulled")
+		}
+	})
+	t.Run("server is not the node asked", func(t *testing.T) {
+		err := get(t, Client(fx.target, "node-c"), "snap-5")
+		if err == nil || !strings.Contains(err.Error(), "names node node-a, not node-c") {
+			t.Fatalf("pull from a server of the wrong node: %v", err)
+		}
+	})
+	t.Run("certificate names no node", func(t *testing.T) {
+		err := get(t, Client(fx.ca.creds(t, "system:admin"), "node-a"), "snap-5")
+		if !errors.Is(err, errkind.ErrDenied) {
+			t.Fatalf("pull with a certificate naming no node: %v, want denied", err)
+		}
+	})
+	t.Run("path outside the images", func(t *testing.T) {
+		for _, source := range []string{"..%2Fetc%2Fshadow", "snap-5%2F..%2F..", "Snap-5"} {
+			err := get(t, Client(fx.target, "node-a"), source)
+			if !errors.Is(err, errkind.ErrInvalid) && !errors.Is(err, errkind.ErrNotFound) {
+				t.Errorf("pull of %q: %v, want refused", source, err)
+			}
+		}
+	})
+	t.Run("authorizer refuses", func(t *testing.T) {
+		fx.authz.err = fmt.Errorf("claim team-a/data is not bound for node-b: %w", errkind.ErrDenied)
+		defer func() { fx.authz.err = nil }()
+		before := fx.images.opened
+		err := get(t, Client(fx.target, "node-a"), "snap-5")
+		if !errors.Is(err, errkind.ErrDenied) || !strings.Contains(err.Error(), "not bound for node-b") {
+			t.Fatalf("refused pull: %v", err)
+		}
+		if fx.images.opened != before {
+			t.Error("the image was opened for a refused pull")
+		}
+	})
+	t.Run("allowed", func(t *testing.T) {
+		if err := get(t, Client(fx.target, "node-a"), "snap-5"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// The bandwidth limit is taken for each chunk of data, not for zeros: with
+// a budget of one chunk and no refill, 2 MiB of zeros and one chunk of
+// data arrive and nothing more (the pull is stopped 300 ms after that; the
+// rest would be on its way by then without the limit).
+func TestBandwidthLimitChargesData(t *testing.T) {
+	fx := newFixture(t, rate.NewLimiter(0, ChunkSize), nil)
+	makeImage(t, filepath.Join(fx.dir, "snap-6.img"), 8<<20, []extent{
+		{0, make([]byte, 2<<20)}, {2 << 20, random(3 << 20)},
+	})
+	dst, _ := openDst(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var last Progress
+	p := fx.pull(t, "snap-6", dst)
+	p.Progress = func(pr Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		last = pr
+		if pr.Done == 3<<20 {
+			time.AfterFunc(300*time.Millisecond, cancel)
+		}
+	}
+	if _, err := p.Run(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("pull: %v, want it held by the limit until cancelled", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if last.Done != 3<<20 {
+		t.Errorf("received %d bytes, want 2 MiB of zeros and 1 MiB of data", last.Done)
+	}
+}

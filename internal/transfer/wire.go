@@ -1,0 +1,206 @@
+package transfer
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+)
+
+// ChunkSize is the most data one frame carries.
+const ChunkSize = 1 << 20
+
+// Frame kinds. Every frame starts with its kind's byte.
+const (
+	// frameData: offset (8 bytes), length (4), SHA-256 of the data (32),
+	// the data.
+	frameData = 'D'
+	// frameZero: offset (8), length (4): that many zero bytes.
+	frameZero = 'Z'
+	// frameEnd: the bytes of data and zeros the stream described (8), the
+	// stream digest (32). Nothing follows.
+	frameEnd = 'E'
+	// frameFail: a message's length (4), the message: the source failed
+	// after it had answered 200. Nothing follows.
+	frameFail = 'F'
+)
+
+const (
+	dataHeader = 1 + 8 + 4 + sha256.Size
+	zeroHeader = 1 + 8 + 4
+	maxFailMsg = 4096
+)
+
+// Response headers of a pull's 200 answer.
+const (
+	headerSize     = "Podvol-Image-Size"
+	headerIdentity = "Podvol-Image-Identity"
+	headerData     = "Podvol-Data-Bytes"
+)
+
+// frame is a decoded frame.
+type frame struct {
+	kind   byte
+	offset int64
+	length int64
+	sum    [sha256.Size]byte
+	data   []byte // frameData: the data, valid until the next read
+	msg    string // frameFail
+}
+
+// writer writes frames and keeps the stream digest: the SHA-256 of every
+// data and zero frame's header (the data's own digest is in it).
+type writer struct {
+	w      io.Writer
+	digest hash.Hash
+	total  int64
+	hdr    [dataHeader]byte
+}
+
+func newWriter(w io.Writer) *writer { return &writer{w: w, digest: sha256.New()} }
+
+func (w *writer) data(off int64, b []byte) error {
+	w.hdr[0] = frameData
+	binary.BigEndian.PutUint64(w.hdr[1:], uint64(off))
+	binary.BigEndian.PutUint32(w.hdr[9:], uint32(len(b)))
+	sum := sha256.Sum256(b)
+	copy(w.hdr[13:], sum[:])
+	w.digest.Write(w.hdr[:dataHeader])
+	w.total += int64(len(b))
+	if _, err := w.w.Write(w.hdr[:dataHeader]); err != nil {
+		return err
+	}
+	_, err := w.w.Write(b)
+	return err
+}
+
+func (w *writer) zero(off, n int64) error {
+	w.hdr[0] = frameZero
+	binary.BigEndian.PutUint64(w.hdr[1:], uint64(off))
+	binary.BigEndian.PutUint32(w.hdr[9:], uint32(n))
+	w.digest.Write(w.hdr[:zeroHeader])
+	w.total += n
+	_, err := w.w.Write(w.hdr[:zeroHeader])
+	return err
+}
+
+func (w *writer) end() error {
+	var b [1 + 8 + sha256.Size]byte
+	b[0] = frameEnd
+	binary.BigEndian.PutUint64(b[1:], uint64(w.total))
+	copy(b[9:], w.digest.Sum(nil))
+	_, err := w.w.Write(b[:])
+	return err
+}
+
+func (w *writer) fail(msg string) error {
+	if len(msg) > maxFailMsg {
+		msg = msg[:maxFailMsg]
+	}
+	b := make([]byte, 5, 5+len(msg))
+	b[0] = frameFail
+	binary.BigEndian.PutUint32(b[1:], uint32(len(msg)))
+	_, err := w.w.Write(append(b, msg...))
+	return err
+}
+
+// reader decodes frames, checking each against the image's size, the
+// order of offsets, its data's digest and, at the end, the stream's.
+type reader struct {
+	r      *bufio.Reader
+	size   int64
+	next   int64 // no frame may start before it
+	digest hash.Hash
+	total  int64
+	buf    []byte
+}
+
+func newReader(r io.Reader, size, from int64) *reader {
+	return &reader{r: bufio.NewReaderSize(r, 256<<10), size: size, next: from, digest: sha256.New(), buf: make([]byte, ChunkSize)}
+}
+
+// read returns the next frame. A data frame's data is checked against its
+// digest; an end frame against the stream. Errors say what was wrong with
+// the stream and where.
+func (r *reader) read() (frame, error) {
+	var f frame
+	kind, err := r.r.ReadByte()
+	if err != nil {
+		return f, fmt.Errorf("the stream ended after offset %d without its end: %w", r.next, unexpected(err))
+	}
+	f.kind = kind
+	switch kind {
+	case frameData, frameZero:
+		n := zeroHeader
+		if kind == frameData {
+			n = dataHeader
+		}
+		var hdr [dataHeader]byte
+		hdr[0] = kind
+		if _, err := io.ReadFull(r.r, hdr[1:n]); err != nil {
+			return f, fmt.Errorf("frame at offset %d: %w", r.next, unexpected(err))
+		}
+		f.offset = int64(binary.BigEndian.Uint64(hdr[1:]))
+		f.length = int64(binary.BigEndian.Uint32(hdr[9:]))
+		if f.length == 0 || f.length > ChunkSize {
+			return f, fmt.Errorf("frame at offset %d has length %d (want 1 to %d)", f.offset, f.length, ChunkSize)
+		}
+		if f.offset < r.next || f.offset > r.size-f.length {
+			return f, fmt.Errorf("frame of %d bytes at offset %d is out of order or outside the image (next offset %d, size %d)", f.length, f.offset, r.next, r.size)
+		}
+		r.digest.Write(hdr[:n])
+		r.total += f.length
+		r.next = f.offset + f.length
+		if kind == frameZero {
+			return f, nil
+		}
+		copy(f.sum[:], hdr[13:])
+		f.data = r.buf[:f.length]
+		if _, err := io.ReadFull(r.r, f.data); err != nil {
+			return f, fmt.Errorf("data at offset %d: %w", f.offset, unexpected(err))
+		}
+		if sha256.Sum256(f.data) != f.sum {
+			return f, fmt.Errorf("data of %d bytes at offset %d does not match its SHA-256: corrupted in transit or on the source", f.length, f.offset)
+		}
+		return f, nil
+	case frameEnd:
+		var b [8 + sha256.Size]byte
+		if _, err := io.ReadFull(r.r, b[:]); err != nil {
+			return f, fmt.Errorf("end of stream: %w", unexpected(err))
+		}
+		if total := int64(binary.BigEndian.Uint64(b[:])); total != r.total {
+			return f, fmt.Errorf("the source sent %d bytes of data and zeros but this end received %d", total, r.total)
+		}
+		if !bytes.Equal(b[8:], r.digest.Sum(nil)) {
+			return f, fmt.Errorf("the stream's digest does not match the frames received: a frame was lost or altered")
+		}
+		return f, nil
+	case frameFail:
+		var b [4]byte
+		if _, err := io.ReadFull(r.r, b[:]); err != nil {
+			return f, fmt.Errorf("failure frame: %w", unexpected(err))
+		}
+		n := binary.BigEndian.Uint32(b[:])
+		if n > maxFailMsg {
+			return f, fmt.Errorf("failure frame of %d bytes (at most %d)", n, maxFailMsg)
+		}
+		msg := make([]byte, n)
+		if _, err := io.ReadFull(r.r, msg); err != nil {
+			return f, fmt.Errorf("failure frame: %w", unexpected(err))
+		}
+		f.msg = string(msg)
+		return f, nil
+	}
+	return f, fmt.Errorf("unknown frame kind %q after offset %d", kind, r.next)
+}
+
+func unexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
