@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -31,6 +32,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
 	"github.com/podvol/podvol/internal/controller/sourceplacement"
+	"github.com/podvol/podvol/internal/controller/transfersigner"
 	"github.com/podvol/podvol/internal/metricsauth"
 	"github.com/podvol/podvol/internal/names"
 )
@@ -51,11 +53,12 @@ func main() {
 		healthAddr  = flag.String("health-address", "127.0.0.1:9810", "address of /healthz and /readyz")
 		leaderElect = flag.Bool("leader-elect", true, "run one active instance (a Lease in --leader-election-namespace)")
 		leaseNS     = flag.String("leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader election Lease")
-		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import,group-snapshot-routing,source-placement", "controllers to run")
+		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import,group-snapshot-routing,source-placement,transfer-signer", "controllers to run")
 		driver      = flag.String("driver", names.Driver, "CSI driver whose volumes node-loss releases, whose StorageClasses the admission policies check and whose restores and clones source-placement places")
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
 			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released (never less than the Lease's own duration, 40s by default); a renewal seen after the deletion means the node lives, and nothing is released")
 		ephemeralWorkers = flag.Int("concurrent-ephemeralvolume-syncs", ephemeral.DefaultWorkers, "ephemeral-volume: how many pods get their claims at once (kube-controller-manager's flag of the same name)")
+		nodeSA           = flag.String("node-service-account", "podvol-node", "ServiceAccount of the node DaemonSet's pods, in podvol's namespace: transfer-signer signs only its requests")
 		apiQPS           = flag.Float64("kube-api-qps", 50, "queries per second to the API server, all controllers together")
 		apiBurst         = flag.Int("kube-api-burst", 100, "burst of queries to the API server above --kube-api-qps")
 		showVersion      = flag.Bool("version", false, "print the version and exit")
@@ -79,7 +82,7 @@ func main() {
 		err = removeNodeFinalizers()
 	default:
 		err = run(runConfig{metricsAddr: *metricsAddr, metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars, healthAddr: *healthAddr, leaderElect: *leaderElect, leaseNS: *leaseNS,
-			controllers: *controllers, driver: *driver, grace: *grace, ephemeralWorkers: *ephemeralWorkers, qps: float32(*apiQPS), burst: *apiBurst})
+			controllers: *controllers, driver: *driver, grace: *grace, ephemeralWorkers: *ephemeralWorkers, qps: float32(*apiQPS), burst: *apiBurst, nodeServiceAccount: *nodeSA})
 	}
 	if err != nil {
 		klog.ErrorS(err, "podvol-controller failed")
@@ -115,6 +118,7 @@ type runConfig struct {
 	sidecars                     string
 	leaderElect                  bool
 	leaseNS, controllers, driver string
+	nodeServiceAccount           string
 	grace                        time.Duration
 	ephemeralWorkers             int
 	qps                          float32
@@ -168,9 +172,15 @@ func run(c runConfig) error {
 			err = (&grouprouting.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver}).SetupWithManager(mgr)
 		case "source-placement":
 			err = (&sourceplacement.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver}).SetupWithManager(mgr)
+		case "transfer-signer":
+			if c.leaseNS == "" {
+				return fmt.Errorf("transfer-signer keeps its CA in podvol's namespace: set POD_NAMESPACE or --leader-election-namespace")
+			}
+			err = (&transfersigner.Reconciler{Client: mgr.GetClient(), Namespace: c.leaseNS,
+				NodeUser: serviceaccount.MakeUsername(c.leaseNS, c.nodeServiceAccount)}).SetupWithManager(mgr)
 		case "":
 		default:
-			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import, group-snapshot-routing, source-placement)", name)
+			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import, group-snapshot-routing, source-placement, transfer-signer)", name)
 		}
 		if err != nil {
 			return fmt.Errorf("set up %s: %w", name, err)

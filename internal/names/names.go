@@ -96,3 +96,17 @@ const (
 	MetricsReaderRole = "podvol-metrics-reader"
 	MetricsPath       = "/metrics"
 )
+
+// Transfers between nodes (internal/transfer): podvol-controller's
+// transfer-signer signs the CertificateSigningRequests of SignerName, whose
+// requester must be podvol-node on the node the certificate names, with a
+// CA it keeps in Secret TransferCA of podvol's namespace and publishes (the
+// certificate alone) in ConfigMap TransferCA there, under TransferCAKey.
+const (
+	TransferSigner = "podvol.io/transfer"
+	TransferCA     = "podvol-transfer-ca"
+	TransferCAKey  = "ca.crt"
+	// NodeNameExtra is the user extra in which the API server puts the node
+	// of the pod a ServiceAccount token is bound to.
+	NodeNameExtra = "authentication.kubernetes.io/node-name"
+)

@@ -6,6 +6,8 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // access is one request: verb on group/resource[/subresource], in a
@@ -74,6 +76,9 @@ func needed() []access {
 	for _, v := range []string{"get", "update"} {
 		add(access{verb: v, group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "external-resizer-podvol-io", who: res})
 	}
+	// Its transfer certificate (internal/transfercert) and the CA to trust.
+	add(verbs(plugin, "certificates.k8s.io", "certificatesigningrequests", "", "", "create", "get")...)
+	add(access{verb: "get", resource: "configmaps", namespace: namespace, name: names.TransferCA, who: plugin})
 	add(metricsReviews(plugin)...)
 	return a
 }
@@ -113,6 +118,15 @@ func notNeeded() []access {
 	add(verbs("", "", "configmaps", "", namespace, "get", "update")...)
 	add(verbs("", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", "", "update", "create", "delete")...)
 	add(verbs("", "groupsnapshot.storage.k8s.io", "volumegroupsnapshots", "", "tenant", "get", "update")...)
+	// A node signs nothing, approves nothing, and cannot touch other
+	// nodes' requests.
+	add(verbs("", "certificates.k8s.io", "certificatesigningrequests", "", "", "list", "watch", "update", "delete")...)
+	add(verbs("", "certificates.k8s.io", "certificatesigningrequests", "approval", "", "update")...)
+	add(verbs("", "certificates.k8s.io", "certificatesigningrequests", "status", "", "update")...)
+	for _, v := range []string{"approve", "sign"} {
+		add(access{verb: v, group: "certificates.k8s.io", resource: "signers", name: names.TransferSigner})
+	}
+	add(verbs("", "", "secrets", "", namespace, "get")...)
 	return a
 }
 
@@ -146,6 +160,16 @@ func controllerNeeded() []access {
 	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshots", "", "tenant", "get")...)
 	add(verbs(sp, "snapshot.storage.k8s.io", "volumesnapshotcontents", "", "", "get", "list", "watch")...)
 	add(verbs(sp, "events.k8s.io", "events", "", "tenant", "create", "patch")...)
+	// transfer-signer (internal/controller/transfersigner).
+	const ts = "transfer-signer"
+	add(verbs(ts, "certificates.k8s.io", "certificatesigningrequests", "", "", "get", "list", "watch")...)
+	add(verbs(ts, "certificates.k8s.io", "certificatesigningrequests", "approval", "", "update")...)
+	add(verbs(ts, "certificates.k8s.io", "certificatesigningrequests", "status", "", "update")...)
+	for _, v := range []string{"approve", "sign"} {
+		add(access{verb: v, group: "certificates.k8s.io", resource: "signers", name: names.TransferSigner, who: ts})
+	}
+	add(verbs(ts, "", "secrets", "", namespace, "create")...)
+	add(access{verb: "get", resource: "secrets", namespace: namespace, name: names.TransferCA, who: ts})
 	add(metricsReviews("podvol-controller")...)
 	return a
 }
@@ -163,6 +187,11 @@ func controllerNotNeeded() []access {
 	add(verbs("", "", "configmaps", "", "tenant", "list", "create", "patch", "delete")...)
 	add(verbs("", "", "secrets", "", "tenant", "get", "list")...)
 	add(verbs("", "", "secrets", "", namespace, "get", "list")...)
+	add(access{verb: "update", resource: "secrets", namespace: namespace, name: names.TransferCA})
+	// No other signer: not the API server's client certificates.
+	for _, v := range []string{"approve", "sign"} {
+		add(access{verb: v, group: "certificates.k8s.io", resource: "signers", name: "kubernetes.io/kube-apiserver-client"})
+	}
 	return a
 }
 
