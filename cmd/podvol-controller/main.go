@@ -58,6 +58,7 @@ func main() {
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
 			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released (never less than the Lease's own duration, 40s by default); a renewal seen after the deletion means the node lives, and nothing is released")
 		ephemeralWorkers = flag.Int("concurrent-ephemeralvolume-syncs", ephemeral.DefaultWorkers, "ephemeral-volume: how many pods get their claims at once (kube-controller-manager's flag of the same name)")
+		transfers        = flag.Bool("transfers", false, "source-placement: the plugins pull restores' data from other nodes (their --transfer-address is set), so a restore whose pod cannot run on its snapshot's node, or that the node has no room for, or annotated podvol.io/placement: scheduler, is provisioned where kube-scheduler puts the pod")
 		nodeSA           = flag.String("node-service-account", "podvol-node", "ServiceAccount of the node DaemonSet's pods, in podvol's namespace: transfer-signer signs only its requests")
 		apiQPS           = flag.Float64("kube-api-qps", 50, "queries per second to the API server, all controllers together")
 		apiBurst         = flag.Int("kube-api-burst", 100, "burst of queries to the API server above --kube-api-qps")
@@ -82,7 +83,7 @@ func main() {
 		err = removeNodeFinalizers()
 	default:
 		err = run(runConfig{metricsAddr: *metricsAddr, metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars, healthAddr: *healthAddr, leaderElect: *leaderElect, leaseNS: *leaseNS,
-			controllers: *controllers, driver: *driver, grace: *grace, ephemeralWorkers: *ephemeralWorkers, qps: float32(*apiQPS), burst: *apiBurst, nodeServiceAccount: *nodeSA})
+			controllers: *controllers, driver: *driver, grace: *grace, ephemeralWorkers: *ephemeralWorkers, qps: float32(*apiQPS), burst: *apiBurst, nodeServiceAccount: *nodeSA, transfers: *transfers})
 	}
 	if err != nil {
 		klog.ErrorS(err, "podvol-controller failed")
@@ -119,6 +120,7 @@ type runConfig struct {
 	leaderElect                  bool
 	leaseNS, controllers, driver string
 	nodeServiceAccount           string
+	transfers                    bool
 	grace                        time.Duration
 	ephemeralWorkers             int
 	qps                          float32
@@ -171,7 +173,7 @@ func run(c runConfig) error {
 		case "group-snapshot-routing":
 			err = (&grouprouting.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver}).SetupWithManager(mgr)
 		case "source-placement":
-			err = (&sourceplacement.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver}).SetupWithManager(mgr)
+			err = (&sourceplacement.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver, Transfers: c.transfers}).SetupWithManager(mgr)
 		case "transfer-signer":
 			if c.leaseNS == "" {
 				return fmt.Errorf("transfer-signer keeps its CA in podvol's namespace: set POD_NAMESPACE or --leader-election-namespace")

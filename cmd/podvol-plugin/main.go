@@ -63,6 +63,9 @@ func main() {
 		directIO    = flag.Bool("direct-io", true, "loop devices read and write volume images with direct I/O, so that the host's page cache holds no second copy of the data; false: through the page cache, as before (where the pool's filesystem refuses direct I/O, devices fall back to that on their own)")
 		discard     = flag.String("discard", node.DiscardFstrim, "how the space of files deleted in a volume goes back to the pool: "+node.DiscardFstrim+" (trim each volume at unstage and every --trim-interval) or "+node.DiscardMount+" (mount with discard: at once, slower deletes)")
 		trimEvery   = flag.Duration("trim-interval", time.Hour, "with --discard="+node.DiscardFstrim+", how often staged volumes are trimmed; 0: only at unstage")
+		xferAddr    = flag.String("transfer-address", "", "address to serve transfers of volumes' data to other nodes' plugins on, e.g. :9816 (mutual TLS with node certificates from podvol-controller's transfer-signer); its port is where this plugin reaches other nodes' too; empty: off (a restore from another node's snapshot is then NOT_FOUND)")
+		xferRate    = flag.String("transfer-rate-limit", "0", "bytes per second this node serves to all transfers together, e.g. 200Mi; 0: no limit")
+		namespace   = flag.String("namespace", os.Getenv("POD_NAMESPACE"), "podvol's namespace, where the transfer CA's ConfigMap is (with --transfer-address)")
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
 	var pools poolFlags
@@ -96,7 +99,8 @@ func main() {
 	cfg := config{inlinePools: inline, endpoint: *endpoint, nodeID: *nodeID, pools: specs, forget: forget, lockWait: *lockWait, metricsAddr: *metricsAddr,
 		metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
-		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery}
+		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery,
+		transferAddr: *xferAddr, transferRate: *xferRate, namespace: *namespace}
 	if err := run(cfg); err != nil {
 		klog.ErrorS(err, "podvol-plugin failed")
 		klog.Flush()
@@ -121,6 +125,8 @@ type config struct {
 	directIO                          bool
 	discard                           string
 	trimInterval                      time.Duration
+	transferAddr, transferRate        string
+	namespace                         string
 }
 
 func quantity(flagName, v string) (int64, error) {
@@ -263,7 +269,15 @@ func run(c config) error {
 		}
 		pools = append(pools, driver.Pool{Pool: p, Node: n, Inline: inl})
 	}
-	d := driver.New(driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, InlinePools: c.inlinePools, Decider: decider})
+	dc := driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, InlinePools: c.inlinePools, Decider: decider}
+	if c.transferAddr != "" {
+		im, err := startTransfers(ctx, c, kc, opened)
+		if err != nil {
+			return err
+		}
+		dc.Importer = im
+	}
+	d := driver.New(dc)
 	var observe driver.Observer
 	if c.metricsAddr != "" {
 		m := metrics.New(c.nodeID)
@@ -328,6 +342,15 @@ func run(c config) error {
 // then refused at publish time, and metrics are served only on loopback,
 // unauthenticated.
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := kubeConfig(kubeconfig)
+	if cfg == nil || err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// kubeConfig is kubeClient's configuration; nil without API access.
+func kubeConfig(kubeconfig string) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	switch {
@@ -341,5 +364,5 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes API access: %w", err)
 	}
-	return kubernetes.NewForConfig(cfg)
+	return cfg, nil
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/google/uuid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -14,6 +16,7 @@ import (
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/size"
+	"github.com/podvol/podvol/internal/snaphandle"
 	"github.com/podvol/podvol/internal/store"
 )
 
@@ -76,7 +79,16 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if !ok {
 		return nil, d.missingPool(codes.ResourceExhausted, params[names.ParamPool])
 	}
-	if source != nil {
+	var imp *store.Import
+	if source != nil && source.Node != "" {
+		// Pulled from another node, for the claim the provisioner names.
+		if imp, err = importFor(name, req.GetParameters()); err != nil {
+			return nil, err
+		}
+		if err := d.cfg.Importer.Failed(name); err != nil {
+			return nil, toStatus(err)
+		}
+	} else if source != nil {
 		// A copy is a reflink (or a sparse copy) within one filesystem.
 		// A source id of no pool is the pool's to report (NOT_FOUND).
 		if from, ok := pool.PoolOf(source.ID); ok && from != pl.Pool.Name() {
@@ -97,9 +109,14 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := nameTaken(d, pl, name, (*store.Store).VolumeByName); err != nil {
 		return nil, err
 	}
-	v, err := pl.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Format: format, Quiesce: pl.Node.Quiesce})
+	v, err := pl.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Format: format, Quiesce: pl.Node.Quiesce, Import: imp})
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if v.State == store.Importing {
+		// The provisioner retries ABORTED (an operation in progress) and
+		// records each answer on the claim: the progress shows there.
+		return nil, status.Error(codes.Aborted, d.cfg.Importer.Ensure(pl.Pool, v))
 	}
 	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
 }
@@ -113,6 +130,8 @@ func (d *Driver) csiVolume(v *store.Volume) *csi.Volume {
 	}
 	switch src := v.Source; {
 	case src == nil:
+	case src.Kind == store.FromSnapshot && src.Node != "":
+		cv.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snaphandle.Format(src.ID, src.Node)}}}
 	case src.Kind == store.FromSnapshot:
 		cv.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: d.snapshotHandle(src.ID)}}}
 	case src.Kind == store.FromVolume:
@@ -131,11 +150,7 @@ func (d *Driver) contentSource(cs *csi.VolumeContentSource) (*store.Source, erro
 		if err := checkVolumeID(cs.GetSnapshot().GetSnapshotId()); err != nil {
 			return nil, invalid("source snapshot id is required and must be well-formed")
 		}
-		id, err := d.snapshotID(cs.GetSnapshot().GetSnapshotId())
-		if err != nil {
-			return nil, err
-		}
-		return &store.Source{Kind: store.FromSnapshot, ID: id}, nil
+		return d.snapshotSource(cs.GetSnapshot().GetSnapshotId())
 	case cs.GetVolume() != nil:
 		if err := checkVolumeID(cs.GetVolume().GetVolumeId()); err != nil {
 			return nil, invalid("source volume id is required and must be well-formed")
@@ -374,4 +389,25 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 		MaximumVolumeSize: wrapperspb.Int64(free),
 		MinimumVolumeSize: wrapperspb.Int64(size.MinSize(fs)),
 	}, nil
+}
+
+// Parameters external-provisioner adds with --extra-create-metadata.
+const (
+	pvcNameParam      = "csi.storage.k8s.io/pvc/name"
+	pvcNamespaceParam = "csi.storage.k8s.io/pvc/namespace"
+)
+
+// importFor names the claim a pulled volume is for, which the source node
+// checks before it serves anything: its namespace and name from the
+// provisioner's metadata, its UID from the volume's name, which
+// external-provisioner makes "pvc-<claim UID>".
+func importFor(name string, params map[string]string) (*store.Import, error) {
+	ns, claim := params[pvcNamespaceParam], params[pvcNameParam]
+	uid, ok := strings.CutPrefix(name, "pvc-")
+	if ns == "" || claim == "" || !ok || uuid.Validate(uid) != nil {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"volume %q is restored from another node's snapshot, which is pulled for a claim the source node checks: the provisioner must name the volume pvc-<claim UID> and pass %s and %s (external-provisioner's defaults with --extra-create-metadata)",
+			name, pvcNamespaceParam, pvcNameParam)
+	}
+	return &store.Import{ClaimNamespace: ns, ClaimName: claim, ClaimUID: uid}, nil
 }

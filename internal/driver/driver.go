@@ -20,6 +20,7 @@ import (
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
 )
 
 // Config is what the CSI services need.
@@ -47,6 +48,21 @@ type Config struct {
 	// GroupFreezeTimeout bounds the freeze of a group snapshot's
 	// members, all together; 0 is DefaultGroupFreezeTimeout.
 	GroupFreezeTimeout time.Duration
+	// Importer pulls the data of volumes made from another node's
+	// snapshot; nil: such a restore is NOT_FOUND, as without transfers.
+	Importer Importer
+}
+
+// Importer pulls Importing volumes' data from their source nodes
+// (internal/mobility), in the background: CreateVolume answers ABORTED
+// with its progress until the volume is Ready.
+type Importer interface {
+	// Ensure runs the pull of v, an Importing volume of p, unless it runs,
+	// and says how far it has got.
+	Ensure(p *pool.Pool, v *store.Volume) string
+	// Failed returns, once, why the last pull for the volume named name
+	// was given up (its volume is gone); nil if none was.
+	Failed(name string) error
 }
 
 // Driver implements the Identity, Controller and Node services.

@@ -31,6 +31,19 @@ func (d *Driver) snapshotID(handle string) (string, error) {
 	return id, nil
 }
 
+// snapshotSource is a restore's source: a snapshot of this node's pools,
+// or, with transfers on, of another node's, whose data is pulled.
+func (d *Driver) snapshotSource(handle string) (*store.Source, error) {
+	if id, node := snaphandle.Parse(handle); d.cfg.Importer != nil && node != "" && node != d.cfg.NodeID {
+		return &store.Source{Kind: store.FromSnapshot, ID: id, Node: node}, nil
+	}
+	id, err := d.snapshotID(handle)
+	if err != nil {
+		return nil, err
+	}
+	return &store.Source{Kind: store.FromSnapshot, ID: id}, nil
+}
+
 func (d *Driver) csiSnapshot(s *store.Snapshot) *csi.Snapshot {
 	out := &csi.Snapshot{
 		SnapshotId:     d.snapshotHandle(s.ID),

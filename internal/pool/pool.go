@@ -234,6 +234,10 @@ type CreateRequest struct {
 	// Quiesce is called around the copy of a source volume, so that a
 	// mounted filesystem is consistent in the copy. It returns the undo.
 	Quiesce func(volumeID string) (func(), error)
+	// Import names the claim a volume whose Source is on another node
+	// (Source.Node) is for: such a volume is recorded Importing, empty,
+	// for a pull to fill.
+	Import *store.Import
 }
 
 // CreateVolume creates a volume, or returns the existing one of that name if
@@ -245,7 +249,7 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		if v.SizeBytes != r.SizeBytes || v.FsType != r.FsType || !maps.Equal(v.Parameters, r.Parameters) || !sameSource(v.Source, r.Source) {
 			return nil, fmt.Errorf("volume %q (%s, %d bytes, %s): %w", r.Name, v.ID, v.SizeBytes, v.FsType, errkind.ErrConflict)
 		}
-		if v.State == store.Ready {
+		if v.State == store.Ready || v.State == store.Importing {
 			return v, nil
 		}
 		if v.State == store.Deleting {
@@ -254,6 +258,9 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		return p.finishCreate(ctx, v, r)
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
+	}
+	if r.Source != nil && r.Source.Node != "" {
+		return p.createImport(r)
 	}
 	if err := p.checkSource(&r); err != nil {
 		return nil, err

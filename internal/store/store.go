@@ -42,6 +42,11 @@ const (
 	Creating = "creating"
 	Ready    = "ready"
 	Deleting = "deleting"
+	// Importing: the volume's data is being pulled from another node
+	// (Import). Unlike Creating it survives a restart, which resumes the
+	// pull; it is not a volume any call but its creation and deletion
+	// can see until it is Ready.
+	Importing = "importing"
 )
 
 // Stage states: Staging is written before the loop device and the mount are
@@ -74,6 +79,8 @@ type Volume struct {
 	// Inline is set for a CSI inline ephemeral volume: it lives and dies
 	// with one pod, and is staged straight at that pod's target path.
 	Inline *Inline `json:"inline,omitempty"`
+	// Import is how far the pull of an Importing volume has got.
+	Import *Import `json:"import,omitempty"`
 
 	Stage        *Stage                  `json:"stage,omitempty"`
 	Publications map[string]*Publication `json:"publications,omitempty"`
@@ -97,6 +104,21 @@ const (
 type Source struct {
 	Kind string `json:"kind"`
 	ID   string `json:"id"`
+	// Node holds the source when it is not this node (its data is pulled).
+	Node string `json:"node,omitempty"`
+}
+
+// Import records the pull of a volume's data from another node: the claim
+// it is for (which the source node checks), and the pull's last checkpoint.
+type Import struct {
+	ClaimNamespace string `json:"claimNamespace"`
+	ClaimName      string `json:"claimName"`
+	ClaimUID       string `json:"claimUID"`
+	// Identity and Size of the source's image; Verified: every byte
+	// before it is synced and checked.
+	Identity string `json:"identity,omitempty"`
+	Size     int64  `json:"size,omitempty"`
+	Verified int64  `json:"verified,omitempty"`
 }
 
 // Stage records a NodeStageVolume: the loop device and, for filesystem

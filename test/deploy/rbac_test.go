@@ -76,6 +76,8 @@ func needed() []access {
 	for _, v := range []string{"get", "update"} {
 		add(access{verb: v, group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "external-resizer-podvol-io", who: res})
 	}
+	// Transfers: the address of a snapshot's node (internal/mobility).
+	add(verbs(plugin, "", "nodes", "", "", "get")...)
 	// Its transfer certificate (internal/transfercert) and the CA to trust.
 	add(verbs(plugin, "certificates.k8s.io", "certificatesigningrequests", "", "", "create", "get")...)
 	add(access{verb: "get", resource: "configmaps", namespace: namespace, name: names.TransferCA, who: plugin})
@@ -95,7 +97,7 @@ func metricsReviews(who string) []access {
 func notNeeded() []access {
 	var a []access
 	add := func(x ...access) { a = append(a, x...) }
-	add(verbs("", "", "nodes", "", "", "get", "list", "watch")...)
+	add(verbs("", "", "nodes", "", "", "list", "watch", "update", "patch")...)
 	add(verbs("", "storage.k8s.io", "csinodes", "", "", "get", "list", "watch")...)
 	add(verbs("", "storage.k8s.io", "volumeattachments", "", "", "get", "list", "watch")...)
 	add(verbs("", "", "pods", "", "", "list", "watch")...)

@@ -92,6 +92,7 @@ func TestCluster(t *testing.T) {
 			{"MetricsNeedAuthorizedToken", testMetricsNeedAuthorizedToken},
 			{"DeviceClasses", testDeviceClasses},
 			{"GroupSnapshot", testGroupSnapshot},
+			{"RestoreOnAnotherNode", testRestoreOnAnotherNode},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()

@@ -3,6 +3,7 @@ package sourceplacement
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -448,5 +449,55 @@ func TestWaitGrows(t *testing.T) {
 	}
 	if evs := e.events(); len(evs) > 0 {
 		t.Errorf("events %q, want none while the source is not ready", evs)
+	}
+}
+
+// With transfers, a restore whose pod cannot run on the snapshot's node,
+// or that the user leaves to the scheduler, is not placed: podvol's
+// placeholder goes, the claim is marked for the scheduler, and a Normal
+// event says the data follows. A restore that fits is placed as before;
+// a clone (its volume cannot be pulled yet) is placed and warned of.
+func TestTransfersLetRestoresMove(t *testing.T) {
+	golden, goldenPV := bound("golden", names.Driver, "node-a")
+	vs, content := snapshot("snap", "content-1", names.Driver, snaphandle.Format("id-1", "node-a"), "snap")
+	elsewhere := user("reader", "work")
+	elsewhere.Spec.NodeSelector = map[string]string{names.TopologyKey: "node-b"}
+	awaiting := func(c *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
+		c.Annotations = map[string]string{names.SelectedNode: names.AwaitingPlacement}
+		return c
+	}
+	optOut := awaiting(restore("work", "snap"))
+	optOut.Annotations = map[string]string{names.Placement: names.PlacementScheduler}
+	for _, tc := range []struct {
+		name           string
+		objs           []client.Object
+		selected, mark string
+		placement      string
+		events         []string
+	}{
+		{"pod elsewhere: moves", []client.Object{awaiting(restore("work", "snap")), vs, content, elsewhere}, "", "", names.PlacementScheduler, []string{"Normal " + ReasonDataFollows}},
+		{"pod fits: placed", []client.Object{awaiting(restore("work", "snap")), vs, content, user("reader", "work")}, "node-a", "node-a", "", []string{"Normal " + ReasonPlaced}},
+		{"left to the scheduler by the user", []client.Object{optOut, vs, content, elsewhere}, "", "", names.PlacementScheduler, nil},
+		{"a clone stays", []client.Object{awaiting(clone("work", "golden", nil)), elsewhere}, "node-a", "node-a", "", []string{"Normal " + ReasonPlaced, "Warning " + ReasonNodeUnfit, "Warning " + ReasonNodeUnfit}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := append([]client.Object{class("podvol", names.Driver, storagev1.VolumeBindingWaitForFirstConsumer), golden, goldenPV, node("node-a")}, tc.objs...)
+			e := newEnv(t, true, interceptor.Funcs{}, objs...)
+			e.r.Transfers = true
+			if _, err := e.reconcile("work"); err != nil {
+				t.Fatal(err)
+			}
+			selected, mark := e.placement("work")
+			pvc := &corev1.PersistentVolumeClaim{}
+			if err := e.c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "work"}, pvc); err != nil {
+				t.Fatal(err)
+			}
+			if selected != tc.selected || mark != tc.mark || pvc.Annotations[names.Placement] != tc.placement {
+				t.Errorf("selected %q, mark %q, placement %q; want %q, %q, %q", selected, mark, pvc.Annotations[names.Placement], tc.selected, tc.mark, tc.placement)
+			}
+			if got := e.events(); !slices.Equal(got, tc.events) {
+				t.Errorf("events %v, want %v", got, tc.events)
+			}
+		})
 	}
 }

@@ -51,6 +51,10 @@ const (
 	// ReasonNodeUnfit: a pod that uses the claim cannot run on the
 	// source's node, the only one where the claim can be provisioned.
 	ReasonNodeUnfit = "SourceNodeUnfit"
+	// ReasonDataFollows: with transfers, a restore whose pods cannot run
+	// on its snapshot's node, or that the node had no room for, is left to
+	// kube-scheduler, and its data pulled from the snapshot's node.
+	ReasonDataFollows = "DataFollowsPod"
 )
 
 // Defaults of Reconciler.Backoff, Reconciler.MaxBackoff and Reconciler.Wait.
@@ -91,6 +95,12 @@ type Reconciler struct {
 	// MaxBackoff caps the growing waits of Backoff and Wait. Zero means
 	// DefaultMaxBackoff.
 	MaxBackoff time.Duration
+	// Transfers: nodes pull restores' data from each other's snapshots
+	// (the plugins' --transfer-address), so a restore need not be
+	// provisioned on its snapshot's node: one annotated
+	// podvol.io/placement: scheduler is left to kube-scheduler, and one
+	// whose pods cannot run there, or that the node had no room for, too.
+	Transfers bool
 	// Wait is how long a claim whose source is not ready to tell its node
 	// (a claim not bound yet, a snapshot not bound or not cut yet) waits
 	// before its source is looked at again, besides the events that wake
@@ -404,6 +414,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.waited(pvc, false)
 		return reconcile.Result{}, err
 	}
+	if r.Transfers && src.kind == "VolumeSnapshot" && pvc.Annotations[names.Placement] == names.PlacementScheduler {
+		// The user's choice: wherever the pod goes, the data follows.
+		return reconcile.Result{}, r.leaveToScheduler(ctx, pvc)
+	}
 	if src.namespace != "" {
 		r.warnOnce(pvc, problem{ReasonOtherNamespace, fmt.Sprintf(
 			"its data source %s is in namespace %s: podvol places only claims whose source is in their own namespace on the source's node. Give the pod a node affinity to the node that holds the source (%s of the source's PV), or the claim may be provisioned on a node that does not have it (NOT_FOUND)",
@@ -452,11 +466,51 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case err != nil:
 		return reconcile.Result{}, err
 	}
+	if r.Transfers && src.kind == "VolumeSnapshot" {
+		if moved, err := r.moveIfUnfit(ctx, pvc, src, n); moved || err != nil {
+			return reconcile.Result{}, err
+		}
+	}
 	res, err := r.place(ctx, pvc, src, node)
 	if err != nil {
 		return res, err
 	}
 	return res, r.checkFit(ctx, pvc, src, n)
+}
+
+// moveIfUnfit leaves a restore not placed yet to kube-scheduler when a pod
+// that uses it cannot run on its snapshot's node: the node the pod goes to
+// pulls the data.
+func (r *Reconciler) moveIfUnfit(ctx context.Context, pvc *corev1.PersistentVolumeClaim, src source, node *corev1.Node) (bool, error) {
+	if sel := pvc.Annotations[names.SelectedNode]; sel != "" && sel != names.AwaitingPlacement {
+		return false, nil // placed already: moving it now could race its provisioning
+	}
+	unfit, err := r.unfitPods(ctx, pvc, node)
+	if err != nil || len(unfit) == 0 {
+		return false, err
+	}
+	r.event(pvc, corev1.EventTypeNormal, ReasonDataFollows,
+		"pod %s cannot run on node %s, which holds its data source %s (%s): the claim is provisioned where kube-scheduler puts the pod, and its data copied from node %s",
+		unfit[0].pod.Name, node.Name, src, unfit[0].why, node.Name)
+	return true, r.moveToScheduler(ctx, pvc)
+}
+
+// moveToScheduler marks a claim podvol.io/placement: scheduler, so that it
+// is not placed again, and takes podvol's placeholder off it.
+func (r *Reconciler) moveToScheduler(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if pvc.Annotations == nil {
+		pvc.Annotations = map[string]string{}
+	}
+	if pvc.Annotations[names.SelectedNode] == names.AwaitingPlacement {
+		delete(pvc.Annotations, names.SelectedNode)
+	}
+	pvc.Annotations[names.Placement] = names.PlacementScheduler
+	if err := r.Client.Patch(ctx, pvc, patch); err != nil {
+		return fmt.Errorf("leave PVC %s/%s to kube-scheduler: %w", pvc.Namespace, pvc.Name, err)
+	}
+	log.FromContext(ctx).Info("Left a restore to kube-scheduler: its data will be copied", "pvc", client.ObjectKeyFromObject(pvc))
+	return nil
 }
 
 // checkFit warns, on the claim and on the pod, of each pod that uses the
@@ -466,28 +520,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // all the same (provisioned anywhere else it would fail); the pod or the node
 // is the user's or the admin's to change.
 func (r *Reconciler) checkFit(ctx context.Context, pvc *corev1.PersistentVolumeClaim, src source, node *corev1.Node) error {
-	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.InNamespace(pvc.Namespace), client.MatchingFields{podClaimIndex: pvc.Name}); err != nil {
-		return fmt.Errorf("list the pods of PVC %s/%s: %w", pvc.Namespace, pvc.Name, err)
+	unfit, err := r.unfitPods(ctx, pvc, node)
+	if err != nil {
+		return err
 	}
-	type unfitPod struct {
-		pod *corev1.Pod
-		why string
-	}
-	var unfit []unfitPod
 	var podNames []string
 	// key: what was warned of, not repeated.
 	var key strings.Builder
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		if !uses(pod, pvc) {
-			continue
-		}
-		if why := cannotRun(log.FromContext(ctx), pod, node); len(why) > 0 {
-			unfit = append(unfit, unfitPod{pod, strings.Join(why, "; ")})
-			podNames = append(podNames, pod.Name)
-			fmt.Fprintf(&key, "%s/%s: %s\n", pod.Name, pod.UID, unfit[len(unfit)-1].why)
-		}
+	for _, u := range unfit {
+		podNames = append(podNames, u.pod.Name)
+		fmt.Fprintf(&key, "%s/%s: %s\n", u.pod.Name, u.pod.UID, u.why)
 	}
 	r.mu.Lock()
 	st := r.state(pvc)
@@ -512,6 +554,30 @@ func (r *Reconciler) checkFit(ctx context.Context, pvc *corev1.PersistentVolumeC
 	}
 	log.FromContext(ctx).Info("Pods that use a claim cannot run on its source's node", "pvc", client.ObjectKeyFromObject(pvc), "node", node.Name, "pods", podNames)
 	return nil
+}
+
+type unfitPod struct {
+	pod *corev1.Pod
+	why string
+}
+
+// unfitPods are the pods that use the claim and cannot run on node.
+func (r *Reconciler) unfitPods(ctx context.Context, pvc *corev1.PersistentVolumeClaim, node *corev1.Node) ([]unfitPod, error) {
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(pvc.Namespace), client.MatchingFields{podClaimIndex: pvc.Name}); err != nil {
+		return nil, fmt.Errorf("list the pods of PVC %s/%s: %w", pvc.Namespace, pvc.Name, err)
+	}
+	var unfit []unfitPod
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if !uses(pod, pvc) {
+			continue
+		}
+		if why := cannotRun(log.FromContext(ctx), pod, node); len(why) > 0 {
+			unfit = append(unfit, unfitPod{pod, strings.Join(why, "; ")})
+		}
+	}
+	return unfit, nil
 }
 
 // cannotRun says why kube-scheduler would not put the pod on the node (or
@@ -662,6 +728,12 @@ func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClai
 		// Placed here before, and the placement is gone (or the
 		// scheduler chose again after it went): the node's provisioner
 		// asked for another node, which cannot provision it either.
+		if r.Transfers && src.kind == "VolumeSnapshot" {
+			r.event(pvc, corev1.EventTypeNormal, ReasonDataFollows,
+				"node %s, which holds its data source %s, has no room for this claim (see ProvisioningFailed events): it is provisioned where kube-scheduler puts its pod, and its data copied from node %s",
+				node, src, node)
+			return reconcile.Result{}, r.moveToScheduler(ctx, pvc)
+		}
 		at, delay, first := r.givenBack(pvc)
 		if first {
 			r.event(pvc, corev1.EventTypeWarning, ReasonNoRoom,

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	"golang.org/x/time/rate"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/mobility"
+	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/transfer"
+	"github.com/podvol/podvol/internal/transfercert"
+)
+
+// startTransfers serves this node's snapshots to other nodes' plugins and
+// returns the Importer that pulls restores of theirs (--transfer-address).
+func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pools []*pool.Pool) (*mobility.Importer, error) {
+	if kc == nil {
+		return nil, errors.New("--transfer-address needs API access (in a pod, or --kubeconfig): certificates, claims and node addresses come from it")
+	}
+	if c.namespace == "" {
+		return nil, errors.New("--transfer-address needs podvol's namespace (--namespace or POD_NAMESPACE), where the transfer CA's ConfigMap is")
+	}
+	_, portStr, err := net.SplitHostPort(c.transferAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--transfer-address %q: %w", c.transferAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port <= 0 {
+		return nil, fmt.Errorf("--transfer-address %q: name a port: other nodes are reached on the same one", c.transferAddr)
+	}
+	q, err := resource.ParseQuantity(c.transferRate)
+	if err != nil || q.Value() < 0 {
+		return nil, fmt.Errorf("--transfer-rate-limit %q: want bytes per second such as 200Mi, or 0", c.transferRate)
+	}
+	var limiter *rate.Limiter
+	if q.Value() > 0 {
+		limiter = rate.NewLimiter(rate.Limit(q.Value()), max(int(q.Value()), transfer.ChunkSize))
+	}
+	rc, err := kubeConfig(c.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]*pool.Pool{}
+	for _, p := range pools {
+		byName[p.Name()] = p
+	}
+	creds := &transfercert.Requester{Client: kc, Node: c.nodeID, Namespace: c.namespace}
+	go creds.Run(ctx)
+	srv := &transfer.Server{
+		Images:     mobility.Images{Pool: func(name string) (*pool.Pool, bool) { p, ok := byName[name]; return p, ok }},
+		Authorizer: mobility.ClaimAuthorizer{Client: kc, Dynamic: dyn, Node: c.nodeID, Driver: names.Driver},
+		Limiter:    limiter,
+	}
+	lis, err := net.Listen("tcp", c.transferAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s for transfers: %w", c.transferAddr, err)
+	}
+	go func() {
+		if err := transfer.Serve(ctx, lis, creds, srv); err != nil {
+			klog.ErrorS(err, "The transfer server failed: other nodes cannot pull from this one")
+		}
+	}()
+	im := &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}}
+	im.Start(ctx, pools)
+	klog.InfoS("Transfers on", "address", c.transferAddr, "rateLimitBytesPerSecond", q.Value())
+	return im, nil
+}

@@ -1,0 +1,107 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/snaphandle"
+	"github.com/podvol/podvol/internal/store"
+)
+
+// importer records what it was asked; the volume becomes ready when told.
+type importer struct {
+	ensured []*store.Volume
+	failed  map[string]error
+}
+
+func (im *importer) Ensure(_ *pool.Pool, v *store.Volume) string {
+	im.ensured = append(im.ensured, v)
+	return fmt.Sprintf("copying snapshot %s from node %s: starting", v.Source.ID, v.Source.Node)
+}
+
+func (im *importer) Failed(name string) error {
+	err := im.failed[name]
+	delete(im.failed, name)
+	return err
+}
+
+// With an Importer, a restore of another node's snapshot is recorded
+// importing for the claim the provisioner names and answered ABORTED with
+// the progress, as often as it is asked, until the volume is ready; a pull
+// given up is the next answer's error; a request that does not name its
+// claim is refused before anything is recorded.
+func TestRestoreOfAnotherNodesSnapshot(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	im := &importer{failed: map[string]error{}}
+	f.d.cfg.Importer = im
+	const uid = "0b1c2d3e-0000-4000-8000-000000000001"
+	handle := snaphandle.Format("snap-0123456789abcdef01234567", "node-2")
+	req := func(name string, params map[string]string) *csi.CreateVolumeRequest {
+		return &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{rwop()}, VolumeContentSource: fromSnapshot(handle), Parameters: params}
+	}
+	params := map[string]string{pvcNamespaceParam: "team-a", pvcNameParam: "restored"}
+
+	for i := 0; i < 2; i++ {
+		_, err := f.d.CreateVolume(ctx, req("pvc-"+uid, params))
+		wantCode(t, err, codes.Aborted, "restore of node-2's snapshot")
+		if !strings.Contains(err.Error(), "copying snapshot snap-0123456789abcdef01234567 from node node-2") {
+			t.Fatalf("ABORTED without the progress: %v", err)
+		}
+	}
+	if len(im.ensured) != 2 || im.ensured[0].ID != im.ensured[1].ID {
+		t.Fatalf("ensured %v: want the same volume twice", im.ensured)
+	}
+	v := im.ensured[0]
+	want := store.Import{ClaimNamespace: "team-a", ClaimName: "restored", ClaimUID: uid}
+	if v.State != store.Importing || *v.Import != want || v.Source.Node != "node-2" {
+		t.Fatalf("recorded %+v (import %+v)", v, v.Import)
+	}
+	// Not listed while it is being pulled.
+	l, err := f.d.ListVolumes(ctx, &csi.ListVolumesRequest{})
+	if err != nil || len(l.GetEntries()) != 0 {
+		t.Fatalf("ListVolumes while importing: %v, %v", l, err)
+	}
+
+	// Ready: the next retry returns it, its source naming node-2.
+	p := f.pool("")
+	if err := p.RecordImport(v.ID, "id", 32<<20, 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.FinishImport(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.d.CreateVolume(ctx, req("pvc-"+uid, params))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.GetVolume().GetVolumeId() != v.ID || got.GetVolume().GetContentSource().GetSnapshot().GetSnapshotId() != handle {
+		t.Fatalf("ready volume %v", got.GetVolume())
+	}
+
+	// A pull given up is the next answer.
+	im.failed["pvc-"+uid[:35]+"2"] = fmt.Errorf("claim team-a/other is to be provisioned on node-3: %w", errkind.ErrDenied)
+	_, err = f.d.CreateVolume(ctx, req("pvc-"+uid[:35]+"2", map[string]string{pvcNamespaceParam: "team-a", pvcNameParam: "other"}))
+	wantCode(t, err, codes.PermissionDenied, "a pull given up")
+
+	// No claim to name: refused, nothing recorded.
+	for _, c := range []struct {
+		name   string
+		params map[string]string
+	}{{"pvc-" + uid[:35] + "3", nil}, {"not-a-uid", params}} {
+		_, err := f.d.CreateVolume(ctx, req(c.name, c.params))
+		wantCode(t, err, codes.FailedPrecondition, "restore without its claim: "+c.name)
+		if _, err := p.Store().VolumeByName(c.name); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("%s was recorded: %v", c.name, err)
+		}
+	}
+}

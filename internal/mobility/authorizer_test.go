@@ -1,0 +1,92 @@
+package mobility
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/transfer"
+)
+
+// The authorizer's reading of the claim, its snapshot and the content
+// (fake clients: the logic of which claim lets which node pull what).
+func TestClaimAuthorizer(t *testing.T) {
+	claim := func(mod func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVolumeClaim {
+		c := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "restored", UID: "u1", Annotations: map[string]string{
+				names.SelectedNode: "node-b", storageProvisioner: names.Driver}},
+			Spec: corev1.PersistentVolumeClaimSpec{DataSourceRef: &corev1.TypedObjectReference{
+				APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap"}},
+		}
+		if mod != nil {
+			mod(c)
+		}
+		return c
+	}
+	objs := func(handle, driver string) []runtime.Object {
+		vs := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+			"metadata": map[string]any{"namespace": "team-a", "name": "snap"},
+			"status":   map[string]any{"boundVolumeSnapshotContentName": "content-1"}}}
+		vsc := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+			"metadata": map[string]any{"name": "content-1"},
+			"spec":     map[string]any{"driver": driver},
+			"status":   map[string]any{"snapshotHandle": handle}}}
+		return []runtime.Object{vs, vsc}
+	}
+	req := transfer.Request{Caller: "node-b", Source: "snap-1", Claim: transfer.Claim{Namespace: "team-a", Name: "restored", UID: "u1"}}
+	for _, c := range []struct {
+		name    string
+		pvc     *corev1.PersistentVolumeClaim
+		objs    []runtime.Object
+		req     transfer.Request
+		kind    error
+		message string
+	}{
+		{"allowed", claim(nil), objs("snap-1@node-a", names.Driver), req, nil, ""},
+		{"no claim", nil, objs("snap-1@node-a", names.Driver), req, errkind.ErrNotFound, "does not exist"},
+		{"another claim of that name", claim(func(c *corev1.PersistentVolumeClaim) { c.UID = "u2" }), objs("snap-1@node-a", names.Driver), req, errkind.ErrNotFound, "another claim"},
+		{"bound", claim(func(c *corev1.PersistentVolumeClaim) { c.Spec.VolumeName = "pv-1" }), objs("snap-1@node-a", names.Driver), req, errkind.ErrDenied, "bound already"},
+		{"for another node", claim(func(c *corev1.PersistentVolumeClaim) { c.Annotations[names.SelectedNode] = "node-c" }), objs("snap-1@node-a", names.Driver), req, errkind.ErrDenied, `on node "node-c", not on node node-b`},
+		{"another provisioner", claim(func(c *corev1.PersistentVolumeClaim) { c.Annotations[storageProvisioner] = "other.csi" }), objs("snap-1@node-a", names.Driver), req, errkind.ErrDenied, "not provisioned by"},
+		{"a clone", claim(func(c *corev1.PersistentVolumeClaim) {
+			c.Spec.DataSourceRef = &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "data"}
+		}), objs("snap-1@node-a", names.Driver), req, errkind.ErrDenied, "not a VolumeSnapshot"},
+		{"another namespace's snapshot", claim(func(c *corev1.PersistentVolumeClaim) { c.Spec.DataSourceRef.Namespace = ptr.To("team-b") }), objs("snap-1@node-a", names.Driver), req, errkind.ErrDenied, "not a VolumeSnapshot of its namespace"},
+		{"another snapshot asked", claim(nil), objs("snap-2@node-a", names.Driver), req, errkind.ErrDenied, "not snap-1"},
+		{"another node's snapshot", claim(nil), objs("snap-1@node-c", names.Driver), req, errkind.ErrDenied, "not snap-1 of node node-a"},
+		{"another driver's content", claim(nil), objs("snap-1@node-a", "other.csi"), req, errkind.ErrDenied, "driver other.csi"},
+		{"no snapshot", claim(nil), nil, req, errkind.ErrNotFound, "VolumeSnapshot team-a/snap does not exist"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var core []runtime.Object
+			if c.pvc != nil {
+				core = append(core, c.pvc)
+			}
+			a := ClaimAuthorizer{Client: fake.NewClientset(core...), Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme(), c.objs...),
+				Node: "node-a", Driver: names.Driver}
+			err := a.Authorize(context.Background(), c.req)
+			if c.kind == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.message) {
+				t.Fatalf("%v, want %v saying %q", err, c.kind, c.message)
+			}
+		})
+	}
+}

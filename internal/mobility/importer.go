@@ -1,0 +1,248 @@
+// Package mobility moves volumes' data between nodes on the plugin's side:
+// the Importer pulls a restore's data from the node that holds its snapshot
+// (the target's half), Images and ClaimAuthorizer serve pulls to other nodes
+// (the source's half), over internal/transfer with the certificates of
+// internal/transfercert.
+package mobility
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
+	"github.com/podvol/podvol/internal/transfer"
+)
+
+// Resolver finds the transfer address (host:port) of a node.
+type Resolver interface {
+	Address(ctx context.Context, node string) (string, error)
+}
+
+// NodeAddresses resolves a node to its InternalIP (else ExternalIP) and
+// Port, the port every node's plugin serves transfers on.
+type NodeAddresses struct {
+	Client kubernetes.Interface
+	Port   int
+}
+
+func (r NodeAddresses) Address(ctx context.Context, node string) (string, error) {
+	n, err := r.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("node %s's address: %w", node, err)
+	}
+	for _, want := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
+		for _, a := range n.Status.Addresses {
+			if a.Type == want && a.Address != "" {
+				return net.JoinHostPort(a.Address, strconv.Itoa(r.Port)), nil
+			}
+		}
+	}
+	return "", fmt.Errorf("node %s reports no InternalIP or ExternalIP address", node)
+}
+
+// Importer pulls the data of Importing volumes, one pull per volume, in the
+// background of the plugin (Start), retrying what may pass and giving up a
+// volume whose pull is refused for good.
+type Importer struct {
+	Credentials transfer.Credentials
+	Resolver    Resolver
+	// RetryMin and RetryMax bound the pause between attempts (5 s, 1 min).
+	RetryMin, RetryMax time.Duration
+	// SyncEvery: transfer.DefaultSyncEvery if 0.
+	SyncEvery int64
+
+	mu     sync.Mutex
+	ctx    context.Context
+	jobs   map[string]*job  // by volume id
+	failed map[string]error // by volume name
+}
+
+type job struct {
+	source, node string
+	started      time.Time
+	progress     transfer.Progress
+	attempts     int
+	last         error
+}
+
+// Start gives the Importer the context its pulls run in (the plugin's) and
+// resumes the pulls the pools record as unfinished.
+func (im *Importer) Start(ctx context.Context, pools []*pool.Pool) {
+	im.mu.Lock()
+	im.ctx = ctx
+	im.mu.Unlock()
+	for _, p := range pools {
+		vols, err := p.Importing()
+		if err != nil {
+			klog.ErrorS(err, "Cannot list the volumes being pulled", "pool", p.Name())
+			continue
+		}
+		for _, v := range vols {
+			klog.InfoS("Resuming a pull", "volume", v.ID, "name", v.Name, "sourceNode", v.Source.Node, "source", v.Source.ID, "verified", v.Import.Verified)
+			im.Ensure(p, v)
+		}
+	}
+}
+
+// Ensure starts v's pull unless it runs, and says how far it has got: the
+// message of the ABORTED answer the provisioner records on the claim.
+func (im *Importer) Ensure(p *pool.Pool, v *store.Volume) string {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	if im.jobs == nil {
+		im.jobs = map[string]*job{}
+	}
+	j, ok := im.jobs[v.ID]
+	if !ok {
+		j = &job{source: v.Source.ID, node: v.Source.Node, started: time.Now()}
+		im.jobs[v.ID] = j
+		ctx := im.ctx
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		go im.run(ctx, p, v, j)
+	}
+	return j.status()
+}
+
+// status is what a user reads on the claim.
+func (j *job) status() string {
+	pr := j.progress
+	msg := fmt.Sprintf("copying snapshot %s from node %s", j.source, j.node)
+	if pr.Total > 0 {
+		msg += fmt.Sprintf(": %s of %s", humanBytes(pr.Done), humanBytes(pr.Total))
+		if r := pr.Rate(); r > 0 {
+			msg += fmt.Sprintf(", %s/s, about %s left", humanBytes(int64(r)), pr.Remaining().Round(time.Second))
+		}
+	} else {
+		msg += ": starting"
+	}
+	msg += fmt.Sprintf(" (for %s)", time.Since(j.started).Round(time.Second))
+	if j.last != nil {
+		msg += fmt.Sprintf("; attempt %d failed, retrying: %v", j.attempts, j.last)
+	}
+	return msg
+}
+
+// Failed returns, once, why the pull for the volume named name was given
+// up.
+func (im *Importer) Failed(name string) error {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	err := im.failed[name]
+	delete(im.failed, name)
+	return err
+}
+
+func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *job) {
+	log := klog.FromContext(ctx).WithValues("volume", v.ID, "name", v.Name, "sourceNode", v.Source.Node, "source", v.Source.ID)
+	retry := im.RetryMin
+	if retry <= 0 {
+		retry = 5 * time.Second
+	}
+	retryMax := im.RetryMax
+	if retryMax <= 0 {
+		retryMax = time.Minute
+	}
+	defer func() {
+		im.mu.Lock()
+		delete(im.jobs, v.ID)
+		im.mu.Unlock()
+	}()
+	for {
+		err := im.pull(ctx, p, v.ID, j)
+		if err == nil {
+			if _, err = p.FinishImport(ctx, v.ID); err == nil {
+				log.Info("Pulled a volume's data", "duration", time.Since(j.started).Round(time.Millisecond), "bytes", j.progress.Done)
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			// The plugin stops: the record stays Importing and the next
+			// start resumes it.
+			return
+		}
+		if final(err) {
+			log.Error(err, "Giving up a pull: the volume is deleted; the provisioner's next attempt starts again")
+			if aerr := p.AbandonImport(v.ID); aerr != nil && !errors.Is(aerr, errkind.ErrNotFound) {
+				log.Error(aerr, "Cannot delete the volume of an abandoned pull")
+			}
+			im.mu.Lock()
+			if im.failed == nil {
+				im.failed = map[string]error{}
+			}
+			im.failed[v.Name] = fmt.Errorf("copying snapshot %s from node %s: %w", v.Source.ID, v.Source.Node, err)
+			im.mu.Unlock()
+			return
+		}
+		im.mu.Lock()
+		j.attempts++
+		j.last = err
+		im.mu.Unlock()
+		log.Info("A pull failed; retrying", "err", err, "attempt", j.attempts, "retryIn", retry)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+		retry = min(retry*2, retryMax)
+	}
+}
+
+// final: retrying cannot help (refused, the source or the claim gone, the
+// data not fit for the volume).
+func final(err error) bool {
+	return errors.Is(err, errkind.ErrDenied) || errors.Is(err, errkind.ErrNotFound) ||
+		errors.Is(err, errkind.ErrInvalid) || errors.Is(err, errkind.ErrOutOfRange) || errors.Is(err, errkind.ErrConflict)
+}
+
+func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) error {
+	f, v, err := p.ImportImage(id)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	addr, err := im.Resolver.Address(ctx, v.Source.Node)
+	if err != nil {
+		return err
+	}
+	imp := v.Import
+	pl := &transfer.Pull{
+		Client:  transfer.Client(im.Credentials, v.Source.Node),
+		Address: addr, Source: v.Source.ID,
+		Claim:  transfer.Claim{Namespace: imp.ClaimNamespace, Name: imp.ClaimName, UID: imp.ClaimUID},
+		Dst:    f,
+		Resume: transfer.Checkpoint{Identity: imp.Identity, Size: imp.Size, Verified: imp.Verified},
+		Checkpoint: func(cp transfer.Checkpoint) error {
+			return p.RecordImport(id, cp.Identity, cp.Size, cp.Verified)
+		},
+		Progress: func(pr transfer.Progress) {
+			im.mu.Lock()
+			j.progress = pr
+			im.mu.Unlock()
+		},
+		SyncEvery: im.SyncEvery,
+	}
+	_, err = pl.Run(ctx)
+	return err
+}
+
+// humanBytes is n for a person: MiB below a GiB, GiB above.
+func humanBytes(n int64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}

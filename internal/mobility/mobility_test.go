@@ -1,0 +1,302 @@
+package mobility
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podvol/podvol/internal/device/devicetest"
+	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
+	"github.com/podvol/podvol/internal/transfer"
+)
+
+type creds struct {
+	cert  *tls.Certificate
+	roots *x509.CertPool
+}
+
+func (c creds) Certificate() (*tls.Certificate, error) { return c.cert, nil }
+func (c creds) Roots() (*x509.CertPool, error)         { return c.roots, nil }
+
+// nodeCreds issues certificates for the nodes named, from one test CA.
+func nodeCreds(t *testing.T, nodes ...string) map[string]creds {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	out := map[string]creds{}
+	for i, n := range nodes {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: transfer.CommonName(n)},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[n] = creds{cert: &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, roots: roots}
+	}
+	return out
+}
+
+type staticResolver map[string]string
+
+func (s staticResolver) Address(_ context.Context, node string) (string, error) {
+	if a, ok := s[node]; ok {
+		return a, nil
+	}
+	return "", fmt.Errorf("no node %s", node)
+}
+
+type authorizer struct{ err error }
+
+func (a *authorizer) Authorize(context.Context, transfer.Request) error { return a.err }
+
+func openPool(t *testing.T) *pool.Pool {
+	t.Helper()
+	p, err := pool.Open(pool.Config{Dir: filepath.Join(t.TempDir(), "pool"), Capacity: 4 << 30, Device: devicetest.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return p
+}
+
+// nodes is node-a (the source: a pool with a snapshot, serving it) and
+// node-b (the target's pool and Importer).
+type nodes struct {
+	src, dst *pool.Pool
+	snap     *store.Snapshot
+	data     []byte
+	authz    *authorizer
+	im       *Importer
+}
+
+func setup(t *testing.T) *nodes {
+	t.Helper()
+	n := &nodes{src: openPool(t), dst: openPool(t), authz: &authorizer{}}
+	v, err := n.src.CreateVolume(context.Background(), pool.CreateRequest{Name: "data", SizeBytes: 64 << 20, FsType: "ext4", Format: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Data past the filesystem's signature, as a pod would write it.
+	n.data = make([]byte, 5<<20+123)
+	if _, err := rand.Read(n.data); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(n.src.ImagePath(v.ID), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(n.data, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if n.snap, err = n.src.CreateSnapshot(pool.SnapshotRequest{Name: "snap", SourceID: v.ID}); err != nil {
+		t.Fatal(err)
+	}
+	c := nodeCreds(t, "node-a", "node-b")
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		served <- transfer.Serve(ctx, lis, c["node-a"], &transfer.Server{
+			Images:     Images{Pool: func(name string) (*pool.Pool, bool) { return n.src, name == n.src.Name() }},
+			Authorizer: n.authz,
+		})
+	}()
+	n.im = &Importer{Credentials: c["node-b"], Resolver: staticResolver{"node-a": lis.Addr().String()}, RetryMin: 10 * time.Millisecond, SyncEvery: 1 << 20}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Error(err)
+		}
+	})
+	return n
+}
+
+func (n *nodes) restore(t *testing.T, name string, size int64, fs string) *store.Volume {
+	t.Helper()
+	v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: name, SizeBytes: size, FsType: fs,
+		Source: &store.Source{Kind: store.FromSnapshot, ID: n.snap.ID, Node: "node-a"},
+		Import: &store.Import{ClaimNamespace: "team-a", ClaimName: name, ClaimUID: "uid-" + name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.State != store.Importing {
+		t.Fatalf("a restore from another node is %s, want importing", v.State)
+	}
+	return v
+}
+
+// wait calls Ensure, as the provisioner's retries do, until the volume is
+// ready or gone.
+func (n *nodes) wait(t *testing.T, v *store.Volume) (*store.Volume, []string) {
+	t.Helper()
+	return n.poll(t, v, true)
+}
+
+// poll waits for the volume to be ready or gone, calling Ensure if ensure.
+func (n *nodes) poll(t *testing.T, v *store.Volume, ensure bool) (*store.Volume, []string) {
+	t.Helper()
+	var said []string
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		got, err := n.dst.Store().Volume(v.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, said
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == store.Ready {
+			return got, said
+		}
+		if ensure {
+			said = append(said, n.im.Ensure(n.dst, got))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("volume %s not ready after 30 s: %v", v.ID, said)
+	return nil, nil
+}
+
+// A restore on node-b of node-a's snapshot pulls it: the image is the
+// snapshot's, grown to the claim's size (filesystem grown at first stage),
+// and its progress says what it copies.
+func TestImportPullsTheSnapshot(t *testing.T) {
+	n := setup(t)
+	v := n.restore(t, "restored", 96<<20, "ext4")
+	got, said := n.wait(t, v)
+	if got == nil {
+		t.Fatalf("the import was given up: %v (%v)", n.im.Failed("restored"), said)
+	}
+	if !got.GrowFs || got.Import != nil {
+		t.Errorf("ready volume %+v: want its filesystem to grow and no import left", got)
+	}
+	if len(said) == 0 || !strings.Contains(said[0], "copying snapshot "+n.snap.ID+" from node node-a") {
+		t.Errorf("progress %q", said)
+	}
+	img, err := os.ReadFile(n.dst.ImagePath(v.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(n.src.SnapshotPath(n.snap.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(img) != 96<<20 || !bytes.Equal(img[:len(src)], src) || !bytes.Equal(img[16<<20:16<<20+len(n.data)], n.data) {
+		t.Fatalf("the restored image (%d bytes) is not the snapshot (%d bytes) grown", len(img), len(src))
+	}
+}
+
+// A pull the source refuses is given up: the volume and its image go, and
+// the next CreateVolume is told why, once.
+func TestImportRefusedIsGivenUp(t *testing.T) {
+	n := setup(t)
+	n.authz.err = fmt.Errorf("claim team-a/denied is to be provisioned on node-c: %w", errkind.ErrDenied)
+	v := n.restore(t, "denied", 96<<20, "ext4")
+	if got, _ := n.wait(t, v); got != nil {
+		t.Fatalf("a refused import became ready: %+v", got)
+	}
+	if _, err := os.Stat(n.dst.ImagePath(v.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the abandoned volume's image is left: %v", err)
+	}
+	err := n.im.Failed("denied")
+	if !errors.Is(err, errkind.ErrDenied) || !strings.Contains(err.Error(), "node-c") {
+		t.Errorf("Failed: %v, want the refusal", err)
+	}
+	if err := n.im.Failed("denied"); err != nil {
+		t.Errorf("Failed a second time: %v, want nil", err)
+	}
+}
+
+// A snapshot of another filesystem than the class's is refused after the
+// pull (the source does not say what it holds; the data does).
+func TestImportOfAnotherFilesystemIsRefused(t *testing.T) {
+	n := setup(t)
+	v := n.restore(t, "xfs-claim", 400<<20, "xfs")
+	if got, _ := n.wait(t, v); got != nil {
+		t.Fatalf("an ext4 snapshot restored into an xfs volume: %+v", got)
+	}
+	if err := n.im.Failed("xfs-claim"); !errors.Is(err, errkind.ErrInvalid) || !strings.Contains(err.Error(), "holds ext4") {
+		t.Errorf("Failed: %v", err)
+	}
+}
+
+// The plugin restarted mid-pull: Start finds the Importing volume and
+// resumes it from its checkpoint.
+func TestImportResumesAtStart(t *testing.T) {
+	n := setup(t)
+	v := n.restore(t, "resumed", 96<<20, "ext4")
+	// A checkpoint as a stopped pull leaves it: the first MiB verified.
+	f, _, err := n.dst.ImportImage(v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(n.src.SnapshotPath(n.snap.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(int64(len(src))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(src[:1<<20], 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	img, err := Images{Pool: func(string) (*pool.Pool, bool) { return n.src, true }}.Open(context.Background(), n.snap.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.File.Close()
+	if err := n.dst.RecordImport(v.ID, img.Identity, img.Size, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	n.im.Start(context.Background(), []*pool.Pool{n.dst})
+	// No CreateVolume comes (the provisioner may be waiting out a backoff):
+	// the pull goes on by itself.
+	if got, said := n.poll(t, v, false); got == nil {
+		t.Fatalf("not resumed: %v %v", n.im.Failed("resumed"), said)
+	}
+	out, err := os.ReadFile(n.dst.ImagePath(v.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out[:len(src)], src) {
+		t.Fatal("the resumed image is not the snapshot")
+	}
+}

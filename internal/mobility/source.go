@@ -1,0 +1,143 @@
+package mobility
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/snaphandle"
+	"github.com/podvol/podvol/internal/transfer"
+)
+
+// Images serves this node's ready snapshots, by id, from the pool the id
+// names. A snapshot's image is never written after it is cut, so what a
+// pull reads does not change under it (a snapshot deleted meanwhile is
+// still read to the end through the open file).
+type Images struct {
+	// Pool returns the pool named (pool.PoolOf an id).
+	Pool func(name string) (*pool.Pool, bool)
+}
+
+func (im Images) Open(_ context.Context, source string) (transfer.Image, error) {
+	name, ok := pool.PoolOf(source)
+	if !ok {
+		return transfer.Image{}, fmt.Errorf("%q is not a snapshot id: %w", source, errkind.ErrNotFound)
+	}
+	p, ok := im.Pool(name)
+	if !ok {
+		return transfer.Image{}, fmt.Errorf("snapshot %s is of pool %s, which this node does not serve: %w", source, name, errkind.ErrNotFound)
+	}
+	s, err := p.ReadySnapshot(source)
+	if err != nil {
+		return transfer.Image{}, err
+	}
+	f, err := os.Open(p.SnapshotPath(s.ID))
+	if errors.Is(err, os.ErrNotExist) {
+		return transfer.Image{}, fmt.Errorf("snapshot %s's image: %w", s.ID, errkind.ErrNotFound)
+	}
+	if err != nil {
+		return transfer.Image{}, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return transfer.Image{}, err
+	}
+	// The id is never reused, and the image never changes: its creation
+	// time tells a snapshot from any other of the same id (a restored
+	// store, a recreated pool).
+	return transfer.Image{File: f, Size: fi.Size(), Identity: fmt.Sprintf("%s@%d", s.ID, s.Created.UnixNano())}, nil
+}
+
+// Kinds the authorizer reads.
+var (
+	snapshotGVR = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
+	contentGVR  = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshotcontents"}
+)
+
+// storageProvisioner is the annotation the PV controller sets on a claim
+// with the provisioner that is to provision it.
+const storageProvisioner = "volume.kubernetes.io/storage-provisioner"
+
+// ClaimAuthorizer lets a node pull a snapshot only for a claim that is
+// bound for that node and restores that very snapshot, read live from the
+// API server: the claim (by namespace, name and UID) is unbound, to be
+// provisioned by Driver on the caller's node (its selected node), and its
+// data source is a VolumeSnapshot of its own namespace whose content is
+// Driver's and whose handle names the snapshot asked for on this node.
+// So a node gets only what a claim sent to it references, which it would
+// be given anyway; a pod of a tenant has no node certificate at all.
+type ClaimAuthorizer struct {
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Node is this node; Driver podvol's name.
+	Node, Driver string
+}
+
+func (a ClaimAuthorizer) Authorize(ctx context.Context, r transfer.Request) error {
+	pvc, err := a.Client.CoreV1().PersistentVolumeClaims(r.Claim.Namespace).Get(ctx, r.Claim.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("claim %s does not exist: %w", r.Claim, errkind.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("read claim %s: %w", r.Claim, err)
+	}
+	switch {
+	case string(pvc.UID) != r.Claim.UID:
+		return fmt.Errorf("claim %s is another claim now (UID %s, not %s): %w", r.Claim, pvc.UID, r.Claim.UID, errkind.ErrNotFound)
+	case pvc.Spec.VolumeName != "" || pvc.Status.Phase == corev1.ClaimBound:
+		return fmt.Errorf("claim %s is bound already: %w", r.Claim, errkind.ErrDenied)
+	case pvc.Annotations[storageProvisioner] != a.Driver:
+		return fmt.Errorf("claim %s is not provisioned by %s: %w", r.Claim, a.Driver, errkind.ErrDenied)
+	case pvc.Annotations[names.SelectedNode] != r.Caller:
+		return fmt.Errorf("claim %s is to be provisioned on node %q, not on node %s: %w", r.Claim, pvc.Annotations[names.SelectedNode], r.Caller, errkind.ErrDenied)
+	}
+	ref := pvc.Spec.DataSourceRef
+	if ref == nil && pvc.Spec.DataSource != nil {
+		ref = &corev1.TypedObjectReference{APIGroup: pvc.Spec.DataSource.APIGroup, Kind: pvc.Spec.DataSource.Kind, Name: pvc.Spec.DataSource.Name}
+	}
+	if ref == nil || ref.Kind != "VolumeSnapshot" || ref.APIGroup == nil || *ref.APIGroup != snapshotGVR.Group ||
+		(ref.Namespace != nil && *ref.Namespace != "" && *ref.Namespace != pvc.Namespace) {
+		return fmt.Errorf("claim %s's data source is not a VolumeSnapshot of its namespace: %w", r.Claim, errkind.ErrDenied)
+	}
+	vs, err := a.Dynamic.Resource(snapshotGVR).Namespace(pvc.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("VolumeSnapshot %s/%s does not exist: %w", pvc.Namespace, ref.Name, errkind.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("read VolumeSnapshot %s/%s: %w", pvc.Namespace, ref.Name, err)
+	}
+	content, _, _ := unstructured.NestedString(vs.Object, "status", "boundVolumeSnapshotContentName")
+	if content == "" {
+		return fmt.Errorf("VolumeSnapshot %s/%s is bound to no content yet: %w", pvc.Namespace, ref.Name, errkind.ErrNotFound)
+	}
+	vsc, err := a.Dynamic.Resource(contentGVR).Get(ctx, content, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("VolumeSnapshotContent %s does not exist: %w", content, errkind.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("read VolumeSnapshotContent %s: %w", content, err)
+	}
+	driver, _, _ := unstructured.NestedString(vsc.Object, "spec", "driver")
+	handle, _, _ := unstructured.NestedString(vsc.Object, "status", "snapshotHandle")
+	if handle == "" {
+		handle, _, _ = unstructured.NestedString(vsc.Object, "spec", "source", "snapshotHandle")
+	}
+	id, node := snaphandle.Parse(handle)
+	if driver != a.Driver || node != a.Node || id != r.Source {
+		return fmt.Errorf("claim %s restores snapshot %q (driver %s), not %s of node %s: %w", r.Claim, handle, driver, r.Source, a.Node, errkind.ErrDenied)
+	}
+	return nil
+}

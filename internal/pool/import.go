@@ -1,0 +1,166 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/store"
+)
+
+// createImport records a volume whose data another node's pool holds: an
+// Importing volume with an empty image, which the pull fills (through
+// ImportImage, RecordImport) and FinishImport makes Ready. Its size is
+// admitted now, as any new volume's.
+func (p *Pool) createImport(r CreateRequest) (*store.Volume, error) {
+	if r.Import == nil || r.Import.ClaimNamespace == "" || r.Import.ClaimName == "" || r.Import.ClaimUID == "" {
+		return nil, fmt.Errorf("a volume made from node %s's %s %s needs the claim it is for: %w", r.Source.Node, r.Source.Kind, r.Source.ID, errkind.ErrInvalid)
+	}
+	if r.Source.Kind != store.FromSnapshot {
+		return nil, fmt.Errorf("a %s on another node (%s) cannot be copied yet, only snapshots: %w", r.Source.Kind, r.Source.Node, errkind.ErrInvalid)
+	}
+	imp := *r.Import
+	v := &store.Volume{
+		ID:         p.newID(kindVolume),
+		Name:       r.Name,
+		SizeBytes:  r.SizeBytes,
+		FsType:     r.FsType,
+		Parameters: r.Parameters,
+		State:      store.Importing,
+		Created:    time.Now().UTC(),
+		Source:     r.Source,
+		Import:     &imp,
+	}
+	p.mu.Lock()
+	err := p.admit(r.SizeBytes)
+	if err == nil {
+		err = p.store.Create(v)
+	}
+	p.mu.Unlock()
+	if store.IsExists(err) {
+		return nil, fmt.Errorf("volume %q is being created concurrently: %w", r.Name, errkind.ErrInUse)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := makeImage(p.ImagePath(v.ID), 0); err != nil {
+		if rerr := p.removeVolume(v.ID); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return nil, err
+	}
+	return v, nil
+}
+
+// Importing lists the volumes whose pull has not finished (to resume them).
+func (p *Pool) Importing() ([]*store.Volume, error) {
+	vols, err := p.store.Volumes()
+	if err != nil {
+		return nil, err
+	}
+	var out []*store.Volume
+	for _, v := range vols {
+		if v.State == store.Importing {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+// ImportImage opens an Importing volume's image for its pull to write.
+func (p *Pool) ImportImage(id string) (*os.File, *store.Volume, error) {
+	v, err := p.importing(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := os.OpenFile(p.ImagePath(id), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the image of importing volume %s: %w", id, err)
+	}
+	return f, v, nil
+}
+
+// RecordImport keeps a pull's checkpoint, so that a restart resumes it.
+func (p *Pool) RecordImport(id, identity string, size, verified int64) error {
+	if size > 0 {
+		if v, err := p.importing(id); err == nil && size > v.SizeBytes {
+			return fmt.Errorf("the source's image is %d bytes, more than volume %s's %d: %w", size, id, v.SizeBytes, errkind.ErrOutOfRange)
+		}
+	}
+	_, err := p.store.Update(id, func(v *store.Volume) error {
+		if v.State != store.Importing || v.Import == nil {
+			return fmt.Errorf("volume %s is %s, not importing: %w", id, v.State, errkind.ErrConflict)
+		}
+		v.Import.Identity, v.Import.Size, v.Import.Verified = identity, size, verified
+		return nil
+	})
+	return err
+}
+
+// FinishImport makes an Importing volume whose image is complete and
+// verified Ready: grown to the volume's size (its filesystem at first
+// stage), its filesystem checked against the class's.
+func (p *Pool) FinishImport(ctx context.Context, id string) (*store.Volume, error) {
+	v, err := p.importing(id)
+	if err != nil {
+		return nil, err
+	}
+	img := p.ImagePath(id)
+	if v.Import.Size == 0 || v.Import.Verified != v.Import.Size {
+		return nil, fmt.Errorf("volume %s's pull is at %d of %d bytes: %w", id, v.Import.Verified, v.Import.Size, errkind.ErrInUse)
+	}
+	if v.Import.Size > v.SizeBytes {
+		return nil, fmt.Errorf("the source's image is %d bytes, more than volume %s's %d: %w", v.Import.Size, id, v.SizeBytes, errkind.ErrOutOfRange)
+	}
+	if v.FsType != "" {
+		got, err := p.dev.Probe(ctx, img)
+		if err != nil {
+			return nil, fmt.Errorf("probe the filesystem pulled into volume %s: %w", id, err)
+		}
+		if got != "" && got != v.FsType {
+			return nil, fmt.Errorf("node %s's snapshot %s holds %s, the new volume asks for %s: %w", v.Source.Node, v.Source.ID, got, v.FsType, errkind.ErrInvalid)
+		}
+	}
+	if v.SizeBytes > v.Import.Size {
+		if err := p.dev.GrowFile(img, v.SizeBytes); err != nil {
+			return nil, fmt.Errorf("grow volume %s to %d bytes: %w", id, v.SizeBytes, err)
+		}
+	}
+	if err := writeParameters(img, v.Parameters); err != nil {
+		return nil, fmt.Errorf("volume %s: %w", id, err)
+	}
+	return p.store.Update(id, func(v *store.Volume) error {
+		if v.State != store.Importing {
+			return fmt.Errorf("volume %s is %s, not importing: %w", id, v.State, errkind.ErrConflict)
+		}
+		v.GrowFs = v.SizeBytes > v.Import.Size
+		v.State, v.Import = store.Ready, nil
+		return nil
+	})
+}
+
+// AbandonImport deletes an Importing volume and its image: its pull was
+// refused for good, or its claim is gone.
+func (p *Pool) AbandonImport(id string) error {
+	if _, err := p.importing(id); err != nil {
+		return err
+	}
+	return p.removeVolume(id)
+}
+
+func (p *Pool) importing(id string) (*store.Volume, error) {
+	v, err := p.store.Volume(id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("volume %s: %w", id, errkind.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if v.State != store.Importing || v.Import == nil {
+		return nil, fmt.Errorf("volume %s is %s, not importing: %w", id, v.State, errkind.ErrConflict)
+	}
+	return v, nil
+}
