@@ -270,12 +270,17 @@ func run(c config) error {
 		pools = append(pools, driver.Pool{Pool: p, Node: n, Inline: inl})
 	}
 	dc := driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, InlinePools: c.inlinePools, Decider: decider}
+	var transfers func() metrics.TransferStats
 	if c.transferAddr != "" {
-		im, err := startTransfers(ctx, c, kc, opened)
+		im, srv, err := startTransfers(ctx, c, kc, opened)
 		if err != nil {
 			return err
 		}
 		dc.Importer = im
+		transfers = func() metrics.TransferStats {
+			pulled, inProgress, done, givenUp := im.Stats()
+			return metrics.TransferStats{PulledBytes: pulled, ServedBytes: srv.SentBytes(), InProgress: inProgress, Done: done, GivenUp: givenUp}
+		}
 	}
 	d := driver.New(dc)
 	var observe driver.Observer
@@ -300,6 +305,9 @@ func run(c config) error {
 				used, avail, err := p.Written()
 				return metrics.FilesystemStats{UsedBytes: used, AvailableBytes: avail}, err
 			})
+		}
+		if transfers != nil {
+			m.AddTransfers(transfers)
 		}
 		observe = m.ObserveRPC
 		healthy := func() error {

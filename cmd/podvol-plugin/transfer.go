@@ -22,24 +22,24 @@ import (
 
 // startTransfers serves this node's snapshots to other nodes' plugins and
 // returns the Importer that pulls restores of theirs (--transfer-address).
-func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pools []*pool.Pool) (*mobility.Importer, error) {
+func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pools []*pool.Pool) (*mobility.Importer, *transfer.Server, error) {
 	if kc == nil {
-		return nil, errors.New("--transfer-address needs API access (in a pod, or --kubeconfig): certificates, claims and node addresses come from it")
+		return nil, nil, errors.New("--transfer-address needs API access (in a pod, or --kubeconfig): certificates, claims and node addresses come from it")
 	}
 	if c.namespace == "" {
-		return nil, errors.New("--transfer-address needs podvol's namespace (--namespace or POD_NAMESPACE), where the transfer CA's ConfigMap is")
+		return nil, nil, errors.New("--transfer-address needs podvol's namespace (--namespace or POD_NAMESPACE), where the transfer CA's ConfigMap is")
 	}
 	_, portStr, err := net.SplitHostPort(c.transferAddr)
 	if err != nil {
-		return nil, fmt.Errorf("--transfer-address %q: %w", c.transferAddr, err)
+		return nil, nil, fmt.Errorf("--transfer-address %q: %w", c.transferAddr, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port <= 0 {
-		return nil, fmt.Errorf("--transfer-address %q: name a port: other nodes are reached on the same one", c.transferAddr)
+		return nil, nil, fmt.Errorf("--transfer-address %q: name a port: other nodes are reached on the same one", c.transferAddr)
 	}
 	q, err := resource.ParseQuantity(c.transferRate)
 	if err != nil || q.Value() < 0 {
-		return nil, fmt.Errorf("--transfer-rate-limit %q: want bytes per second such as 200Mi, or 0", c.transferRate)
+		return nil, nil, fmt.Errorf("--transfer-rate-limit %q: want bytes per second such as 200Mi, or 0", c.transferRate)
 	}
 	var limiter *rate.Limiter
 	if q.Value() > 0 {
@@ -47,11 +47,11 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	}
 	rc, err := kubeConfig(c.kubeconfig)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	byName := map[string]*pool.Pool{}
 	for _, p := range pools {
@@ -66,7 +66,7 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	}
 	lis, err := net.Listen("tcp", c.transferAddr)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s for transfers: %w", c.transferAddr, err)
+		return nil, nil, fmt.Errorf("listen on %s for transfers: %w", c.transferAddr, err)
 	}
 	go func() {
 		if err := transfer.Serve(ctx, lis, creds, srv); err != nil {
@@ -76,5 +76,5 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	im := &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}}
 	im.Start(ctx, pools)
 	klog.InfoS("Transfers on", "address", c.transferAddr, "rateLimitBytesPerSecond", q.Value())
-	return im, nil
+	return im, srv, nil
 }

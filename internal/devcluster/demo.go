@@ -95,6 +95,7 @@ func (c *Cluster) Demo(ctx context.Context) error {
 		{"CSI inline ephemeral volume (Pod)", func() (string, string, error) { return c.demoInline(ctx, ns) }},
 		{"persistent volume (StatefulSet), pod restarted", func() (string, string, error) { return c.demoStatefulSet(ctx, ns) }},
 		{"snapshot and restore", func() (string, string, error) { return c.demoSnapshot(ctx, ns) }},
+		{"restore on another node (data pulled)", func() (string, string, error) { return c.demoRestoreElsewhere(ctx, ns) }},
 		{"clone", func() (string, string, error) { return c.demoClone(ctx, ns) }},
 		{"ephemeral clone, reset when its pod goes", func() (string, string, error) { return c.demoEphemeralClone(ctx, ns) }},
 		{"online resize (xfs)", func() (string, string, error) { return c.demoResize(ctx, ns) }},
@@ -344,6 +345,56 @@ spec:
 		return "", "", fmt.Errorf("restored volume holds %q, want the data at the snapshot: %w", out, err)
 	}
 	return "VolumeSnapshot db-snap, PVC db-restore", c.where(ctx, ns, "db-restore") + " (reflink of the snapshot)", nil
+}
+
+// demoRestoreElsewhere restores db-snap for a pod that can run only on
+// another node than the snapshot's: that node's plugin pulls the data.
+func (c *Cluster) demoRestoreElsewhere(ctx context.Context, ns string) (string, string, error) {
+	content, err := c.Get(ctx, ns, "volumesnapshot/db-snap", "{.status.boundVolumeSnapshotContentName}")
+	if err != nil {
+		return "", "", err
+	}
+	handle, err := c.Get(ctx, "", "volumesnapshotcontent/"+content, "{.status.snapshotHandle}")
+	if err != nil {
+		return "", "", err
+	}
+	_, source, _ := strings.Cut(handle, "@")
+	other := ""
+	for _, n := range c.Nodes {
+		if n.Name != source {
+			other = n.Name
+			break
+		}
+	}
+	if other == "" {
+		return "", "", fmt.Errorf("no node but %s to restore on", source)
+	}
+	err = c.Apply(ctx, fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: db-restore-elsewhere, namespace: %[1]s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: podvol-xfs
+  resources: {requests: {storage: 512Mi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: db-snap}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: elsewhere-reader, namespace: %[1]s}
+spec:
+  nodeSelector: {%[2]s: %[3]s}
+%[4]s`, ns, names.TopologyKey, other, PodSpec(2, "true", "data", "/data", "persistentVolumeClaim: {claimName: db-restore-elsewhere}")))
+	if err != nil {
+		return "", "", err
+	}
+	if err := c.WaitPod(ctx, ns, "elsewhere-reader", 3*time.Minute); err != nil {
+		return "", "", err
+	}
+	out, err := c.Exec(ctx, ns, "elsewhere-reader", "cat /data/rows")
+	if err != nil || out != "row 1" {
+		return "", "", fmt.Errorf("the restore on %s holds %q, want the data at the snapshot: %w", other, out, err)
+	}
+	return "PVC db-restore-elsewhere, pod pinned to " + other, c.where(ctx, ns, "db-restore-elsewhere") + " (pulled from " + source + ")", nil
 }
 
 // cloneOfDB creates a PVC that clones data-db-0, with annotations (YAML

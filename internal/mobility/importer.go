@@ -12,6 +12,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -62,6 +63,8 @@ type Importer struct {
 	RetryMin, RetryMax time.Duration
 	// SyncEvery: transfer.DefaultSyncEvery if 0.
 	SyncEvery int64
+
+	pulled, done, givenUp atomic.Int64
 
 	mu     sync.Mutex
 	ctx    context.Context
@@ -165,6 +168,7 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 		err := im.pull(ctx, p, v.ID, j)
 		if err == nil {
 			if _, err = p.FinishImport(ctx, v.ID); err == nil {
+				im.done.Add(1)
 				log.Info("Pulled a volume's data", "duration", time.Since(j.started).Round(time.Millisecond), "bytes", j.progress.Done)
 				return
 			}
@@ -179,6 +183,7 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 			if aerr := p.AbandonImport(v.ID); aerr != nil && !errors.Is(aerr, errkind.ErrNotFound) {
 				log.Error(aerr, "Cannot delete the volume of an abandoned pull")
 			}
+			im.givenUp.Add(1)
 			im.mu.Lock()
 			if im.failed == nil {
 				im.failed = map[string]error{}
@@ -219,6 +224,9 @@ func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) e
 		return err
 	}
 	imp := v.Import
+	im.mu.Lock()
+	j.progress = transfer.Progress{} // each attempt counts from where it resumes
+	im.mu.Unlock()
 	pl := &transfer.Pull{
 		Client:  transfer.Client(im.Credentials, v.Source.Node),
 		Address: addr, Source: v.Source.ID,
@@ -230,6 +238,10 @@ func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) e
 		},
 		Progress: func(pr transfer.Progress) {
 			im.mu.Lock()
+			// A resumed or restarted pull counts from 0 again.
+			if d := pr.Done - j.progress.Done; d > 0 {
+				im.pulled.Add(d)
+			}
 			j.progress = pr
 			im.mu.Unlock()
 		},
@@ -245,4 +257,12 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 	}
 	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// Stats are the pulls' counters, for metrics.
+func (im *Importer) Stats() (pulled int64, inProgress int, done, givenUp int64) {
+	im.mu.Lock()
+	inProgress = len(im.jobs)
+	im.mu.Unlock()
+	return im.pulled.Load(), inProgress, im.done.Load(), im.givenUp.Load()
 }

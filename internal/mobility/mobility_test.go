@@ -221,6 +221,10 @@ func TestImportPullsTheSnapshot(t *testing.T) {
 	if len(img) != 96<<20 || !bytes.Equal(img[:len(src)], src) || !bytes.Equal(img[16<<20:16<<20+len(n.data)], n.data) {
 		t.Fatalf("the restored image (%d bytes) is not the snapshot (%d bytes) grown", len(img), len(src))
 	}
+	pulled, inProgress, done, givenUp := n.im.Stats()
+	if pulled < int64(len(n.data)) || pulled > int64(len(src)) || inProgress != 0 || done != 1 || givenUp != 0 {
+		t.Errorf("stats: pulled %d (data %d, image %d), in progress %d, done %d, given up %d", pulled, len(n.data), len(src), inProgress, done, givenUp)
+	}
 }
 
 // A pull the source refuses is given up: the volume and its image go, and
@@ -241,6 +245,9 @@ func TestImportRefusedIsGivenUp(t *testing.T) {
 	}
 	if err := n.im.Failed("denied"); err != nil {
 		t.Errorf("Failed a second time: %v, want nil", err)
+	}
+	if _, _, done, givenUp := n.im.Stats(); done != 0 || givenUp != 1 {
+		t.Errorf("stats: done %d, given up %d; want 0 and 1", done, givenUp)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
@@ -27,7 +28,12 @@ type Server struct {
 	// Limiter, if not nil, is shared by every pull this server serves: the
 	// node's bandwidth for transfers. Its burst must be at least ChunkSize.
 	Limiter *rate.Limiter
+
+	sent atomic.Int64
 }
+
+// SentBytes is the data (not zeros) sent to pulls so far.
+func (s *Server) SentBytes() int64 { return s.sent.Load() }
 
 // ServeHTTP answers one pull. The caller's node comes from its verified
 // client certificate; a connection without one never gets here (the TLS
@@ -125,6 +131,7 @@ func (s *Server) stream(ctx context.Context, img Image, off int64, w *writer) er
 				if err := w.data(pos, b); err != nil {
 					return err
 				}
+				s.sent.Add(n)
 			}
 			pos += n
 		}

@@ -223,13 +223,15 @@ type fixture struct {
 	authz  *authz
 	addr   string
 	target creds
+	server *Server
 }
 
 func newFixture(t *testing.T, limiter *rate.Limiter, wrap func(http.Handler) http.Handler) *fixture {
 	t.Helper()
 	fx := &fixture{dir: t.TempDir(), ca: newCA(t), authz: &authz{}}
 	fx.images = &files{dir: fx.dir}
-	var h http.Handler = &Server{Images: fx.images, Authorizer: fx.authz, Limiter: limiter}
+	fx.server = &Server{Images: fx.images, Authorizer: fx.authz, Limiter: limiter}
+	var h http.Handler = fx.server
 	if wrap != nil {
 		h = wrap(h)
 	}
@@ -280,6 +282,9 @@ func TestPullMovesOnlyTheData(t *testing.T) {
 		t.Fatal("the copy differs from the source")
 	}
 	wantSent := int64(5<<20 + 4096)
+	if served := fx.server.SentBytes(); served != wantSent {
+		t.Errorf("the source counts %d bytes sent, want %d", served, wantSent)
+	}
 	if res.Sent != wantSent || res.Zeros != 1<<20 {
 		t.Errorf("sent %d bytes of data and %d of zeros, want %d and %d", res.Sent, res.Zeros, wantSent, 1<<20)
 	}
