@@ -271,6 +271,13 @@ func run(c config) error {
 	}
 	dc := driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, InlinePools: c.inlinePools, Decider: decider}
 	var transfers func() metrics.TransferStats
+	if c.transferAddr == "" {
+		for _, p := range opened {
+			if vols, err := p.Importing(); err == nil && len(vols) > 0 {
+				klog.ErrorS(nil, "Volumes are being pulled from other nodes, but transfers are off (no --transfer-address): they wait, their space reserved, until transfers are on again", "pool", p.Name(), "volumes", len(vols))
+			}
+		}
+	}
 	if c.transferAddr != "" {
 		im, srv, err := startTransfers(ctx, c, kc, opened)
 		if err != nil {

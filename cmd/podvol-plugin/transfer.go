@@ -73,7 +73,7 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 			klog.ErrorS(err, "The transfer server failed: other nodes cannot pull from this one")
 		}
 	}()
-	im := &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}}
+	im := &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc}
 	im.Start(ctx, pools)
 	klog.InfoS("Transfers on", "address", c.transferAddr, "rateLimitBytesPerSecond", q.Value())
 	return im, srv, nil

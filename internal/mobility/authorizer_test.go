@@ -25,7 +25,7 @@ func TestClaimAuthorizer(t *testing.T) {
 	claim := func(mod func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVolumeClaim {
 		c := &corev1.PersistentVolumeClaim{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "restored", UID: "u1", Annotations: map[string]string{
-				names.SelectedNode: "node-b", storageProvisioner: names.Driver}},
+				names.SelectedNode: "node-b", storageProvisioner: names.Driver, names.Placement: names.PlacementScheduler}},
 			Spec: corev1.PersistentVolumeClaimSpec{DataSourceRef: &corev1.TypedObjectReference{
 				APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap"}},
 		}
@@ -34,18 +34,20 @@ func TestClaimAuthorizer(t *testing.T) {
 		}
 		return c
 	}
-	objs := func(handle, driver string) []runtime.Object {
+	objsRef := func(handle, driver, refName string, ready bool) []runtime.Object {
 		vs := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
-			"metadata": map[string]any{"namespace": "team-a", "name": "snap"},
-			"status":   map[string]any{"boundVolumeSnapshotContentName": "content-1"}}}
+			"metadata": map[string]any{"namespace": "team-a", "name": "snap", "uid": "vs-uid"},
+			"status":   map[string]any{"boundVolumeSnapshotContentName": "content-1", "readyToUse": ready}}}
 		vsc := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
 			"metadata": map[string]any{"name": "content-1"},
-			"spec":     map[string]any{"driver": driver},
-			"status":   map[string]any{"snapshotHandle": handle}}}
+			"spec": map[string]any{"driver": driver,
+				"volumeSnapshotRef": map[string]any{"namespace": "team-a", "name": refName, "uid": "vs-uid"}},
+			"status": map[string]any{"snapshotHandle": handle}}}
 		return []runtime.Object{vs, vsc}
 	}
+	objs := func(handle, driver string) []runtime.Object { return objsRef(handle, driver, "snap", true) }
 	req := transfer.Request{Caller: "node-b", Source: "snap-1", Claim: transfer.Claim{Namespace: "team-a", Name: "restored", UID: "u1"}}
 	for _, c := range []struct {
 		name    string
@@ -69,6 +71,9 @@ func TestClaimAuthorizer(t *testing.T) {
 		{"another node's snapshot", claim(nil), objs("snap-1@node-c", names.Driver), req, errkind.ErrDenied, "not snap-1 of node node-a"},
 		{"another driver's content", claim(nil), objs("snap-1@node-a", "other.csi"), req, errkind.ErrDenied, "driver other.csi"},
 		{"no snapshot", claim(nil), nil, req, errkind.ErrNotFound, "VolumeSnapshot team-a/snap does not exist"},
+		{"not left to the scheduler", claim(func(c *corev1.PersistentVolumeClaim) { delete(c.Annotations, names.Placement) }), objs("snap-1@node-a", names.Driver), req, errkind.ErrDenied, "not left to the scheduler"},
+		{"snapshot not ready", claim(nil), objsRef("snap-1@node-a", names.Driver, "snap", false), req, errkind.ErrNotFound, "not bound to a ready content"},
+		{"content of another snapshot", claim(nil), objsRef("snap-1@node-a", names.Driver, "other", true), req, errkind.ErrDenied, "does not name VolumeSnapshot team-a/snap back"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var core []runtime.Object

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -40,6 +41,9 @@ type NodeAddresses struct {
 
 func (r NodeAddresses) Address(ctx context.Context, node string) (string, error) {
 	n, err := r.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("node %s, which holds the snapshot, is not in the cluster: %w", node, errkind.ErrNotFound)
+	}
 	if err != nil {
 		return "", fmt.Errorf("node %s's address: %w", node, err)
 	}
@@ -59,6 +63,10 @@ func (r NodeAddresses) Address(ctx context.Context, node string) (string, error)
 type Importer struct {
 	Credentials transfer.Credentials
 	Resolver    Resolver
+	// Claims, if not nil, is asked once a copy is complete whether its
+	// claim is still there; a claim deleted during the copy gives the
+	// volume up instead of leaving it ready for no one.
+	Claims kubernetes.Interface
 	// RetryMin and RetryMax bound the pause between attempts (5 s, 1 min).
 	RetryMin, RetryMax time.Duration
 	// SyncEvery: transfer.DefaultSyncEvery if 0.
@@ -166,11 +174,21 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 	}()
 	for {
 		err := im.pull(ctx, p, v.ID, j)
+		if errors.Is(err, errNotImporting) {
+			// Made ready by an earlier job (this one was started by a
+			// CreateVolume that read the record just before), or deleted.
+			return
+		}
 		if err == nil {
-			if _, err = p.FinishImport(ctx, v.ID); err == nil {
-				im.done.Add(1)
-				log.Info("Pulled a volume's data", "duration", time.Since(j.started).Round(time.Millisecond), "bytes", j.progress.Done)
-				return
+			// The claim was checked when the pull began, which may have
+			// been long ago: a claim deleted meanwhile would leave a ready
+			// volume no one asks for.
+			if err = im.claimStands(ctx, v); err == nil {
+				if _, err = p.FinishImport(ctx, v.ID); err == nil {
+					im.done.Add(1)
+					log.Info("Pulled a volume's data", "duration", time.Since(j.started).Round(time.Millisecond), "bytes", j.progress.Done)
+					return
+				}
 			}
 		}
 		if ctx.Err() != nil {
@@ -180,16 +198,18 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 		}
 		if final(err) {
 			log.Error(err, "Giving up a pull: the volume is deleted; the provisioner's next attempt starts again")
-			if aerr := p.AbandonImport(v.ID); aerr != nil && !errors.Is(aerr, errkind.ErrNotFound) {
-				log.Error(aerr, "Cannot delete the volume of an abandoned pull")
-			}
-			im.givenUp.Add(1)
+			// Recorded before the volume goes: a CreateVolume in between
+			// would start a new pull, and then read this one's error.
 			im.mu.Lock()
 			if im.failed == nil {
 				im.failed = map[string]error{}
 			}
 			im.failed[v.Name] = fmt.Errorf("copying snapshot %s from node %s: %w", v.Source.ID, v.Source.Node, err)
 			im.mu.Unlock()
+			if aerr := p.AbandonImport(v.ID); aerr != nil && !errors.Is(aerr, errkind.ErrNotFound) {
+				log.Error(aerr, "Cannot delete the volume of an abandoned pull")
+			}
+			im.givenUp.Add(1)
 			return
 		}
 		im.mu.Lock()
@@ -213,8 +233,33 @@ func final(err error) bool {
 		errors.Is(err, errkind.ErrInvalid) || errors.Is(err, errkind.ErrOutOfRange) || errors.Is(err, errkind.ErrConflict)
 }
 
+// errNotImporting: the volume is no longer importing (ready, or gone).
+var errNotImporting = errors.New("not importing")
+
+// claimStands says whether the claim a volume is pulled for is still
+// there, unbound (errkind.ErrNotFound if not). Without Claims, yes.
+func (im *Importer) claimStands(ctx context.Context, v *store.Volume) error {
+	if im.Claims == nil {
+		return nil
+	}
+	imp := v.Import
+	pvc, err := im.Claims.CoreV1().PersistentVolumeClaims(imp.ClaimNamespace).Get(ctx, imp.ClaimName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("claim %s/%s was deleted during the copy: %w", imp.ClaimNamespace, imp.ClaimName, errkind.ErrNotFound)
+	case err != nil:
+		return fmt.Errorf("read claim %s/%s: %w", imp.ClaimNamespace, imp.ClaimName, err)
+	case string(pvc.UID) != imp.ClaimUID || pvc.DeletionTimestamp != nil:
+		return fmt.Errorf("claim %s/%s was deleted during the copy (UID %s now, %s before): %w", imp.ClaimNamespace, imp.ClaimName, pvc.UID, imp.ClaimUID, errkind.ErrNotFound)
+	}
+	return nil
+}
+
 func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) error {
 	f, v, err := p.ImportImage(id)
+	if errors.Is(err, errkind.ErrConflict) || errors.Is(err, errkind.ErrNotFound) {
+		return fmt.Errorf("volume %s: %w (%w)", id, errNotImporting, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+
 	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/pool"
@@ -305,5 +310,65 @@ func TestImportResumesAtStart(t *testing.T) {
 	}
 	if !bytes.Equal(out[:len(src)], src) {
 		t.Fatal("the resumed image is not the snapshot")
+	}
+}
+
+// A claim deleted while its copy ran gives the volume up when the copy is
+// done, rather than leaving a ready volume no one asks for; a claim still
+// there (same UID) lets it become ready.
+func TestImportChecksTheClaimBeforeReady(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		objs  []runtime.Object
+		ready bool
+	}{
+		{"gone", nil, false},
+		{"replaced", []runtime.Object{&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "restored", UID: "another"}}}, false},
+		{"there", []runtime.Object{&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "restored", UID: "uid-restored"}}}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := setup(t)
+			n.im.Claims = fake.NewClientset(c.objs...)
+			v := n.restore(t, "restored", 96<<20, "ext4")
+			got, said := n.wait(t, v)
+			if (got != nil) != c.ready {
+				t.Fatalf("ready %v, want %v (%v)", got != nil, c.ready, said)
+			}
+			err := n.im.Failed("restored")
+			if c.ready != (err == nil) || (!c.ready && (!errors.Is(err, errkind.ErrNotFound) || !strings.Contains(err.Error(), "deleted during the copy"))) {
+				t.Errorf("Failed: %v", err)
+			}
+		})
+	}
+}
+
+// A CreateVolume that read the record as importing just before its pull
+// finished starts a job on a ready volume: that job ends quietly, the
+// volume stays ready and no failure is reported.
+func TestEnsureAfterTheCopyIsQuiet(t *testing.T) {
+	n := setup(t)
+	v := n.restore(t, "restored", 96<<20, "ext4")
+	if got, said := n.wait(t, v); got == nil {
+		t.Fatalf("not ready: %v", said)
+	}
+	n.im.Ensure(n.dst, v) // v: the stale importing record
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, inProgress, _, _ := n.im.Stats(); inProgress == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the late job did not end")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := n.im.Failed("restored"); err != nil {
+		t.Errorf("a failure was reported for a ready volume: %v", err)
+	}
+	if got, err := n.dst.Store().Volume(v.ID); err != nil || got.State != store.Ready {
+		t.Errorf("the volume after the late job: %+v, %v", got, err)
+	}
+	if _, _, done, givenUp := n.im.Stats(); done != 1 || givenUp != 0 {
+		t.Errorf("done %d, given up %d; want 1 and 0", done, givenUp)
 	}
 }

@@ -103,6 +103,11 @@ func (a ClaimAuthorizer) Authorize(ctx context.Context, r transfer.Request) erro
 		return fmt.Errorf("claim %s is not provisioned by %s: %w", r.Claim, a.Driver, errkind.ErrDenied)
 	case pvc.Annotations[names.SelectedNode] != r.Caller:
 		return fmt.Errorf("claim %s is to be provisioned on node %q, not on node %s: %w", r.Claim, pvc.Annotations[names.SelectedNode], r.Caller, errkind.ErrDenied)
+	case pvc.Annotations[names.Placement] != names.PlacementScheduler:
+		// Only a restore meant to move (podvol-controller's or its user's
+		// word; a node cannot set this annotation) is pulled: a node that
+		// selects itself for any pending restore gets nothing.
+		return fmt.Errorf("claim %s is not left to the scheduler (%s: %s), so its data does not move: %w", r.Claim, names.Placement, names.PlacementScheduler, errkind.ErrDenied)
 	}
 	ref := pvc.Spec.DataSourceRef
 	if ref == nil && pvc.Spec.DataSource != nil {
@@ -120,8 +125,9 @@ func (a ClaimAuthorizer) Authorize(ctx context.Context, r transfer.Request) erro
 		return fmt.Errorf("read VolumeSnapshot %s/%s: %w", pvc.Namespace, ref.Name, err)
 	}
 	content, _, _ := unstructured.NestedString(vs.Object, "status", "boundVolumeSnapshotContentName")
-	if content == "" {
-		return fmt.Errorf("VolumeSnapshot %s/%s is bound to no content yet: %w", pvc.Namespace, ref.Name, errkind.ErrNotFound)
+	ready, _, _ := unstructured.NestedBool(vs.Object, "status", "readyToUse")
+	if content == "" || !ready {
+		return fmt.Errorf("VolumeSnapshot %s/%s is not bound to a ready content: %w", pvc.Namespace, ref.Name, errkind.ErrNotFound)
 	}
 	vsc, err := a.Dynamic.Resource(contentGVR).Get(ctx, content, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -129,6 +135,14 @@ func (a ClaimAuthorizer) Authorize(ctx context.Context, r transfer.Request) erro
 	}
 	if err != nil {
 		return fmt.Errorf("read VolumeSnapshotContent %s: %w", content, err)
+	}
+	// The content must name the snapshot back, as external-provisioner
+	// checks: a content's status alone does not make it that snapshot's.
+	refNS, _, _ := unstructured.NestedString(vsc.Object, "spec", "volumeSnapshotRef", "namespace")
+	refName, _, _ := unstructured.NestedString(vsc.Object, "spec", "volumeSnapshotRef", "name")
+	refUID, _, _ := unstructured.NestedString(vsc.Object, "spec", "volumeSnapshotRef", "uid")
+	if refNS != vs.GetNamespace() || refName != vs.GetName() || (refUID != "" && refUID != string(vs.GetUID())) {
+		return fmt.Errorf("VolumeSnapshotContent %s does not name VolumeSnapshot %s/%s back: %w", content, pvc.Namespace, ref.Name, errkind.ErrDenied)
 	}
 	driver, _, _ := unstructured.NestedString(vsc.Object, "spec", "driver")
 	handle, _, _ := unstructured.NestedString(vsc.Object, "status", "snapshotHandle")

@@ -34,16 +34,7 @@ func (p *Pool) createImport(r CreateRequest) (*store.Volume, error) {
 		Source:     r.Source,
 		Import:     &imp,
 	}
-	p.mu.Lock()
-	err := p.admit(r.SizeBytes)
-	if err == nil {
-		err = p.store.Create(v)
-	}
-	p.mu.Unlock()
-	if store.IsExists(err) {
-		return nil, fmt.Errorf("volume %q is being created concurrently: %w", r.Name, errkind.ErrInUse)
-	}
-	if err != nil {
+	if err := p.record(v); err != nil {
 		return nil, err
 	}
 	if err := makeImage(p.ImagePath(v.ID), 0); err != nil {

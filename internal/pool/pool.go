@@ -277,20 +277,26 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		Source:     r.Source,
 		Inline:     r.Inline,
 	}
+	if err := p.record(v); err != nil {
+		return nil, err
+	}
+	failpoint.Hit("create-after-record")
+	return p.finishCreate(ctx, v, r)
+}
+
+// record admits a new volume's size and writes its record, as one step
+// under the pool's lock: two creations cannot both take the last room.
+func (p *Pool) record(v *store.Volume) error {
 	p.mu.Lock()
-	err = p.admit(r.SizeBytes)
+	err := p.admit(v.SizeBytes)
 	if err == nil {
 		err = p.store.Create(v)
 	}
 	p.mu.Unlock()
 	if store.IsExists(err) {
-		return nil, fmt.Errorf("volume %q is being created concurrently: %w", r.Name, errkind.ErrInUse)
+		return fmt.Errorf("volume %q is being created concurrently: %w", v.Name, errkind.ErrInUse)
 	}
-	if err != nil {
-		return nil, err
-	}
-	failpoint.Hit("create-after-record")
-	return p.finishCreate(ctx, v, r)
+	return err
 }
 
 // finishCreate makes the image of a volume recorded as Creating. A crash

@@ -51,7 +51,21 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 	if p.Resume.Identity != "" {
 		from = p.Resume.Verified
 	}
+	if from > 0 {
+		// The checkpoint speaks of a copy of the image's size; a copy of
+		// another size (lost, recreated) is not what it verified.
+		if fi, err := p.Dst.Stat(); err != nil || fi.Size() != p.Resume.Size {
+			klog.FromContext(ctx).Info("The copy is not the one the checkpoint verified: starting again", "source", p.Source, "verified", from)
+			from = 0
+		}
+	}
 	resp, err := p.get(ctx, from)
+	if from > 0 && errors.Is(err, errBeyond) {
+		// The source's image under this id is now smaller than what was
+		// verified of the old one: another image, pulled from the start.
+		from = 0
+		resp, err = p.get(ctx, 0)
+	}
 	if err != nil {
 		return Result{}, err
 	}

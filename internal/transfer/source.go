@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -56,6 +57,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req, err := parseRequest(r)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if !strings.HasPrefix(r.URL.Path, Path) {
+		http.NotFound(w, r)
 		return
 	}
 	req.Caller = caller
@@ -213,6 +218,9 @@ func statusOf(err error) int {
 	return http.StatusInternalServerError
 }
 
+// errBeyond: a pull resumed past the end of the source's image.
+var errBeyond = errors.New("the offset is beyond the source's image")
+
 // errorOf turns a refused pull's answer into an error of the matching kind.
 func errorOf(resp *http.Response) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxFailMsg))
@@ -222,7 +230,9 @@ func errorOf(resp *http.Response) error {
 		return fmt.Errorf("%s: %w", msg, errkind.ErrDenied)
 	case http.StatusNotFound:
 		return fmt.Errorf("%s: %w", msg, errkind.ErrNotFound)
-	case http.StatusBadRequest, http.StatusRequestedRangeNotSatisfiable:
+	case http.StatusRequestedRangeNotSatisfiable:
+		return fmt.Errorf("%s: %w", msg, errBeyond)
+	case http.StatusBadRequest:
 		return fmt.Errorf("%s: %w", msg, errkind.ErrInvalid)
 	}
 	return errors.New(msg)

@@ -8,8 +8,9 @@
 // certificate proves it. Only the image's data extents move (SEEK_DATA,
 // SEEK_HOLE; chunks of zeros are sent as their length alone), every chunk
 // carries its SHA-256, checked before it is written, and the stream ends
-// with a digest over every chunk it carried, so a dropped or reordered chunk
-// fails the pull. The target syncs its copy every SyncEvery bytes and
+// with a digest over every chunk it carried (TLS already protects the
+// stream in transit; the digests catch a framing bug on either side, and
+// the per-chunk ones what the source read or the target was handed). The target syncs its copy every SyncEvery bytes and
 // records how far it is verified (a Checkpoint); a pull that stops, on
 // either side, resumes from there as long as the source serves the same
 // image (its Identity).

@@ -597,3 +597,43 @@ func TestBandwidthLimitChargesData(t *testing.T) {
 		t.Errorf("received %d bytes, want 2 MiB of zeros and 1 MiB of data", last.Done)
 	}
 }
+
+// A checkpoint whose copy is gone (an empty file where the checkpoint
+// verified 4 MiB) is not trusted, and a checkpoint beyond the end of the
+// source's image (cut again, smaller) is not refused for good: both pulls
+// start again and copy the image whole.
+func TestPullStartsAgainWhenTheCheckpointCannotHold(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	src := filepath.Join(fx.dir, "snap-7.img")
+	makeImage(t, src, 8<<20, []extent{{0, random(6 << 20)}})
+	img, err := fx.images.Open(context.Background(), "snap-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.File.Close()
+	for name, resume := range map[string]Checkpoint{
+		"copy lost":    {Identity: img.Identity, Size: 8 << 20, Verified: 4 << 20},
+		"image shrank": {Identity: "older", Size: 64 << 20, Verified: 32 << 20},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dst, dstPath := openDst(t)
+			if name == "image shrank" {
+				if err := dst.Truncate(64 << 20); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p := fx.pull(t, "snap-7", dst)
+			p.Resume = resume
+			res, err := p.Run(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Resumed != 0 || res.Sent != 6<<20 {
+				t.Errorf("resumed at %d sending %d, want a whole copy", res.Resumed, res.Sent)
+			}
+			if fileSum(t, src) != fileSum(t, dstPath) {
+				t.Fatal("the copy differs from the source")
+			}
+		})
+	}
+}
