@@ -113,7 +113,7 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 	for {
 		f, err := fr.read()
 		if err != nil {
-			return res, p.stopped(cp, reached, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err))
+			return res, p.stopped(cp, reached, cancelled(ctx, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err)))
 		}
 		switch f.kind {
 		case frameData:
@@ -126,7 +126,7 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 			// Dst is a hole there (sized from empty, or the same image).
 			res.Zeros += f.length
 		case frameFail:
-			return res, p.stopped(cp, reached, fmt.Errorf("pull %s from %s: the source failed: %s", p.Source, p.Address, f.msg))
+			return res, p.stopped(cp, reached, cancelled(ctx, fmt.Errorf("pull %s from %s: the source failed: %s", p.Source, p.Address, f.msg)))
 		case frameEnd:
 			cp.Verified = cp.Size
 			if err := p.sync(cp); err != nil {
@@ -149,6 +149,16 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 			unsynced = 0
 		}
 	}
+}
+
+// cancelled is err, or, when ctx ended, ctx's error with err as detail: a
+// pull stopped by its caller says so, whichever end noticed first (the
+// source sees the connection go and may have said why first).
+func cancelled(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %v", ctx.Err(), err)
+	}
+	return err
 }
 
 // stopped syncs what was verified before a pull failed, so that the next
