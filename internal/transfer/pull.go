@@ -156,7 +156,7 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 // source sees the connection go and may have said why first).
 func cancelled(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		return fmt.Errorf("%w: %v", ctx.Err(), err)
+		return fmt.Errorf("%w: %w", ctx.Err(), err)
 	}
 	return err
 }
