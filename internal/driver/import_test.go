@@ -93,6 +93,15 @@ func TestRestoreOfAnotherNodesSnapshot(t *testing.T) {
 	_, err = f.d.CreateVolume(ctx, req("pvc-"+uid[:35]+"2", map[string]string{pvcNamespaceParam: "team-a", pvcNameParam: "other"}))
 	wantCode(t, err, codes.PermissionDenied, "a pull given up")
 
+	// A handle whose id or node podvol never made: refused before it is
+	// recorded, looked up or put in a URL.
+	for _, h := range []string{"../../etc@node-2", "snap-0123456789abcdef01234567@Node_2", "pv-0123456789abcdef01234567@node-2"} {
+		r := req("pvc-"+uid[:35]+"4", params)
+		r.VolumeContentSource = fromSnapshot(h)
+		_, err := f.d.CreateVolume(ctx, r)
+		wantCode(t, err, codes.InvalidArgument, "restore from handle "+h)
+	}
+
 	// No claim to name: refused, nothing recorded.
 	for _, c := range []struct {
 		name   string

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/names"
@@ -35,6 +36,11 @@ func (d *Driver) snapshotID(handle string) (string, error) {
 // or, with transfers on, of another node's, whose data is pulled.
 func (d *Driver) snapshotSource(handle string) (*store.Source, error) {
 	if id, node := snaphandle.Parse(handle); d.cfg.Importer != nil && node != "" && node != d.cfg.NodeID {
+		// Both go into a record, an API lookup, a certificate check and a
+		// URL: only the shapes podvol makes.
+		if !pool.ValidSnapshotID(id) || len(validation.IsDNS1123Subdomain(node)) > 0 {
+			return nil, invalid("snapshot handle %q names no podvol snapshot of a node (want snap-<id>@<node name>)", handle)
+		}
 		return &store.Source{Kind: store.FromSnapshot, ID: id, Node: node}, nil
 	}
 	id, err := d.snapshotID(handle)
