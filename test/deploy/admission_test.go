@@ -66,13 +66,21 @@ func (e *env) tenants(t *testing.T) tenants {
 // policies' parameters.
 func (e *env) admissionParams(t *testing.T) {
 	t.Helper()
-	mgr, err := ctrl.NewManager(e.api.Config, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+	runController(t, "admission-params", e.api.Config, func(mgr ctrl.Manager) error {
+		return (&admissionparams.Reconciler{Client: mgr.GetClient(), Driver: names.Driver, Namespace: namespace, Name: "podvol-admission"}).SetupWithManager(mgr)
+	})
+}
+
+// runController runs one of podvol-controller's controllers (set up by
+// setup) with cfg's identity until the test ends.
+func runController(t *testing.T, name string, cfg *rest.Config, setup func(ctrl.Manager) error) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(cfg, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &admissionparams.Reconciler{Client: mgr.GetClient(), Driver: names.Driver, Namespace: namespace, Name: "podvol-admission"}
-	if err := r.SetupWithManager(mgr); err != nil {
+	if err := setup(mgr); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(bg)
@@ -80,7 +88,7 @@ func (e *env) admissionParams(t *testing.T) {
 	go func() {
 		defer close(done)
 		if err := mgr.Start(ctx); err != nil {
-			t.Errorf("admission-params: %v", err)
+			t.Errorf("%s: %v", name, err)
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })

@@ -15,11 +15,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/podvol/podvol/internal/controller/transfersigner"
 	"github.com/podvol/podvol/internal/errkind"
@@ -44,23 +40,9 @@ func TestTransferCertificates(t *testing.T) {
 	}
 	cfg := rest.AnonymousClientConfig(e.api.Config)
 	cfg.BearerToken = ctrlToken.Status.Token
-	mgr, err := ctrl.NewManager(cfg, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := (&transfersigner.Reconciler{Client: mgr.GetClient(), Namespace: namespace, NodeUser: saUser}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(bg)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := mgr.Start(ctx); err != nil {
-			t.Errorf("transfer-signer: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	runController(t, "transfer-signer", cfg, func(mgr ctrl.Manager) error {
+		return (&transfersigner.Reconciler{Client: mgr.GetClient(), Namespace: namespace, NodeUser: saUser}).SetupWithManager(mgr)
+	})
 
 	// The CA is published when the signer starts, before any node asks:
 	// nodes serving transfers need it to trust their callers.
