@@ -32,6 +32,7 @@ import (
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/registration"
+	"github.com/podvol/podvol/internal/store"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -271,6 +272,7 @@ func run(c config) error {
 	}
 	dc := driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, InlinePools: c.inlinePools, Decider: decider}
 	var transfers func() metrics.TransferStats
+	var serveTransfers func(cut func(string, store.Claim) (*pool.Pool, *store.Snapshot, error))
 	if c.transferAddr == "" {
 		for _, p := range opened {
 			if vols, err := p.Importing(); err == nil && len(vols) > 0 {
@@ -279,17 +281,20 @@ func run(c config) error {
 		}
 	}
 	if c.transferAddr != "" {
-		im, srv, err := startTransfers(ctx, c, kc, opened)
+		im, srv, serve, err := startTransfers(ctx, c, kc, opened)
 		if err != nil {
 			return err
 		}
-		dc.Importer = im
+		dc.Importer, serveTransfers = im, serve
 		transfers = func() metrics.TransferStats {
 			pulled, inProgress, done, givenUp := im.Stats()
 			return metrics.TransferStats{PulledBytes: pulled, ServedBytes: srv.SentBytes(), InProgress: inProgress, Done: done, GivenUp: givenUp}
 		}
 	}
 	d := driver.New(dc)
+	if serveTransfers != nil {
+		serveTransfers(d.CutForTransfer)
+	}
 	var observe driver.Observer
 	if c.metricsAddr != "" {
 		m := metrics.New(c.nodeID)

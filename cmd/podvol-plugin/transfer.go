@@ -16,30 +16,33 @@ import (
 	"github.com/podvol/podvol/internal/mobility"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
 	"github.com/podvol/podvol/internal/transfer"
 	"github.com/podvol/podvol/internal/transfercert"
 )
 
-// startTransfers serves this node's snapshots to other nodes' plugins and
-// returns the Importer that pulls restores of theirs (--transfer-address).
-func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pools []*pool.Pool) (*mobility.Importer, *transfer.Server, error) {
+// startTransfers returns the Importer that pulls restores and clones of
+// other nodes' snapshots and volumes (--transfer-address), and serve, which
+// serves this node's to other nodes' plugins, their volumes snapshotted by
+// cut (the driver's, made with the Importer).
+func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pools []*pool.Pool) (im *mobility.Importer, srv *transfer.Server, serve func(cut func(string, store.Claim) (*pool.Pool, *store.Snapshot, error)), err error) {
 	if kc == nil {
-		return nil, nil, errors.New("--transfer-address needs API access (in a pod, or --kubeconfig): certificates, claims and node addresses come from it")
+		return nil, nil, nil, errors.New("--transfer-address needs API access (in a pod, or --kubeconfig): certificates, claims and node addresses come from it")
 	}
 	if c.namespace == "" {
-		return nil, nil, errors.New("--transfer-address needs podvol's namespace (--namespace or POD_NAMESPACE), where the transfer CA's ConfigMap is")
+		return nil, nil, nil, errors.New("--transfer-address needs podvol's namespace (--namespace or POD_NAMESPACE), where the transfer CA's ConfigMap is")
 	}
 	_, portStr, err := net.SplitHostPort(c.transferAddr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--transfer-address %q: %w", c.transferAddr, err)
+		return nil, nil, nil, fmt.Errorf("--transfer-address %q: %w", c.transferAddr, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port <= 0 {
-		return nil, nil, fmt.Errorf("--transfer-address %q: name a port: other nodes are reached on the same one", c.transferAddr)
+		return nil, nil, nil, fmt.Errorf("--transfer-address %q: name a port: other nodes are reached on the same one", c.transferAddr)
 	}
 	q, err := resource.ParseQuantity(c.transferRate)
 	if err != nil || q.Value() < 0 {
-		return nil, nil, fmt.Errorf("--transfer-rate-limit %q: want bytes per second such as 200Mi, or 0", c.transferRate)
+		return nil, nil, nil, fmt.Errorf("--transfer-rate-limit %q: want bytes per second such as 200Mi, or 0", c.transferRate)
 	}
 	var limiter *rate.Limiter
 	if q.Value() > 0 {
@@ -47,11 +50,11 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	}
 	rc, err := kubeConfig(c.kubeconfig)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	byName := map[string]*pool.Pool{}
 	for _, p := range pools {
@@ -59,22 +62,25 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	}
 	creds := &transfercert.Requester{Client: kc, Node: c.nodeID, Namespace: c.namespace}
 	go creds.Run(ctx)
-	srv := &transfer.Server{
-		Images:     mobility.Images{Pool: func(name string) (*pool.Pool, bool) { p, ok := byName[name]; return p, ok }},
+	srv = &transfer.Server{
 		Authorizer: mobility.ClaimAuthorizer{Client: kc, Dynamic: dyn, Node: c.nodeID, Driver: names.Driver},
 		Limiter:    limiter,
 	}
 	lis, err := net.Listen("tcp", c.transferAddr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("listen on %s for transfers: %w", c.transferAddr, err)
+		return nil, nil, nil, fmt.Errorf("listen on %s for transfers: %w", c.transferAddr, err)
 	}
-	go func() {
-		if err := transfer.Serve(ctx, lis, creds, srv); err != nil {
-			klog.ErrorS(err, "The transfer server failed: other nodes cannot pull from this one")
-		}
-	}()
-	im := &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc}
+	serve = func(cut func(string, store.Claim) (*pool.Pool, *store.Snapshot, error)) {
+		srv.Images = mobility.Images{Pool: func(name string) (*pool.Pool, bool) { p, ok := byName[name]; return p, ok }, Cut: cut}
+		go func() {
+			if err := transfer.Serve(ctx, lis, creds, srv); err != nil {
+				klog.ErrorS(err, "The transfer server failed: other nodes cannot pull from this one")
+			}
+		}()
+		go mobility.Sweeper{Client: kc, Pools: pools}.Run(ctx)
+	}
+	im = &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc, Driver: names.Driver}
 	im.Start(ctx, pools)
 	klog.InfoS("Transfers on", "address", c.transferAddr, "rateLimitBytesPerSecond", q.Value())
-	return im, srv, nil
+	return im, srv, serve, nil
 }

@@ -80,10 +80,27 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, d.missingPool(codes.ResourceExhausted, params[names.ParamPool])
 	}
 	var imp *store.Import
-	if source != nil && source.Node != "" {
-		// Pulled from another node, for the claim the provisioner names.
+	if source != nil && source.Kind == store.FromVolume && d.cfg.Importer != nil && !d.holds(source.ID) {
+		// A clone of a volume this node does not hold: the API server
+		// tells which node does (the source claim's PV), for the claim
+		// the provisioner names.
 		if imp, err = importFor(name, req.GetParameters()); err != nil {
 			return nil, err
+		}
+		node, err := d.cfg.Importer.VolumeNode(ctx, imp, source.ID)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		if node != d.cfg.NodeID {
+			source.Node = node
+		}
+	}
+	if source != nil && source.Node != "" {
+		// Pulled from another node, for the claim the provisioner names.
+		if imp == nil {
+			if imp, err = importFor(name, req.GetParameters()); err != nil {
+				return nil, err
+			}
 		}
 		if err := d.cfg.Importer.Failed(name); err != nil {
 			return nil, toStatus(err)
@@ -135,6 +152,8 @@ func (d *Driver) csiVolume(v *store.Volume) *csi.Volume {
 	case src.Kind == store.FromSnapshot:
 		cv.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: d.snapshotHandle(src.ID)}}}
 	case src.Kind == store.FromVolume:
+		// The id alone, as it was asked for: a volume's id names no
+		// node.
 		cv.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src.ID}}}
 	}
 	return cv
@@ -406,7 +425,7 @@ func importFor(name string, params map[string]string) (*store.Import, error) {
 	uid, ok := strings.CutPrefix(name, "pvc-")
 	if ns == "" || claim == "" || !ok || uuid.Validate(uid) != nil {
 		return nil, status.Errorf(codes.FailedPrecondition,
-			"volume %q is restored from another node's snapshot, which is pulled for a claim the source node checks: the provisioner must name the volume pvc-<claim UID> and pass %s and %s (external-provisioner's defaults with --extra-create-metadata)",
+			"volume %q is made from another node's snapshot or volume, which is pulled for a claim the source node checks: the provisioner must name the volume pvc-<claim UID> and pass %s and %s (external-provisioner's defaults with --extra-create-metadata)",
 			name, pvcNamespaceParam, pvcNameParam)
 	}
 	return &store.Import{ClaimNamespace: ns, ClaimName: claim, ClaimUID: uid}, nil

@@ -5,6 +5,7 @@
 package driver
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"time"
@@ -49,7 +50,8 @@ type Config struct {
 	// members, all together; 0 is DefaultGroupFreezeTimeout.
 	GroupFreezeTimeout time.Duration
 	// Importer pulls the data of volumes made from another node's
-	// snapshot; nil: such a restore is NOT_FOUND, as without transfers.
+	// snapshot or volume; nil: such a restore or clone is NOT_FOUND, as
+	// without transfers.
 	Importer Importer
 }
 
@@ -63,6 +65,10 @@ type Importer interface {
 	// Failed returns, once, why the last pull for the volume named name
 	// was given up (its volume is gone); nil if none was.
 	Failed(name string) error
+	// VolumeNode returns the node that holds volume id, which the claim
+	// imp names clones (its data source's PV): an error wrapping
+	// errkind.ErrNotFound if the claim clones no such volume.
+	VolumeNode(ctx context.Context, imp *store.Import, id string) (string, error)
 }
 
 // Driver implements the Identity, Controller and Node services.

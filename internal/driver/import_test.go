@@ -17,14 +17,23 @@ import (
 )
 
 // importer records what it was asked; the volume becomes ready when told.
+// nodes: where each volume of another node is, by id.
 type importer struct {
 	ensured []*store.Volume
 	failed  map[string]error
+	nodes   map[string]string
+}
+
+func (im *importer) VolumeNode(_ context.Context, _ *store.Import, id string) (string, error) {
+	if n, ok := im.nodes[id]; ok {
+		return n, nil
+	}
+	return "", fmt.Errorf("no claim clones volume %s: %w", id, errkind.ErrNotFound)
 }
 
 func (im *importer) Ensure(_ *pool.Pool, v *store.Volume) string {
 	im.ensured = append(im.ensured, v)
-	return fmt.Sprintf("copying snapshot %s from node %s: starting", v.Source.ID, v.Source.Node)
+	return fmt.Sprintf("copying %s %s from node %s: starting", v.Source.Kind, v.Source.ID, v.Source.Node)
 }
 
 func (im *importer) Failed(name string) error {
@@ -112,5 +121,55 @@ func TestRestoreOfAnotherNodesSnapshot(t *testing.T) {
 		if _, err := p.Store().VolumeByName(c.name); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s was recorded: %v", c.name, err)
 		}
+	}
+}
+
+// With an Importer, a clone of a volume this node does not hold is of the
+// node the API server says holds it: recorded importing from there, for the
+// claim the provisioner names, and answered ABORTED; a volume no claim
+// clones is NOT_FOUND, and a clone of this node's own volume stays a local
+// copy.
+func TestCloneOfAnotherNodesVolume(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	const remote = "pv-0123456789abcdef01234567"
+	im := &importer{failed: map[string]error{}, nodes: map[string]string{remote: "node-2"}}
+	f.d.cfg.Importer = im
+	const uid = "0b1c2d3e-0000-4000-8000-000000000002"
+	params := map[string]string{pvcNamespaceParam: "team-a", pvcNameParam: "clone"}
+	req := func(name, src string) *csi.CreateVolumeRequest {
+		return &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{rwop()}, Parameters: params,
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src}}}}
+	}
+	_, err := f.d.CreateVolume(ctx, req("pvc-"+uid, remote))
+	wantCode(t, err, codes.Aborted, "clone of node-2's volume")
+	if !strings.Contains(err.Error(), "copying volume "+remote+" from node node-2") {
+		t.Fatalf("ABORTED without the progress: %v", err)
+	}
+	if len(im.ensured) != 1 {
+		t.Fatalf("ensured %v, want one pull", im.ensured)
+	}
+	v := im.ensured[0]
+	want := store.Import{ClaimNamespace: "team-a", ClaimName: "clone", ClaimUID: uid}
+	if v.State != store.Importing || *v.Import != want || *v.Source != (store.Source{Kind: store.FromVolume, ID: remote, Node: "node-2"}) {
+		t.Fatalf("recorded %+v (source %+v, import %+v)", v, v.Source, v.Import)
+	}
+
+	_, err = f.d.CreateVolume(ctx, req("pvc-"+uid[:35]+"3", "pv-0123456789abcdef0123456f"))
+	wantCode(t, err, codes.NotFound, "clone of a volume no claim clones")
+
+	// This node's own volume: a local copy, no pull.
+	src, err := f.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "source", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{rwop()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clone, err := f.d.CreateVolume(ctx, req("pvc-"+uid[:35]+"4", src.GetVolume().GetVolumeId()))
+	if err != nil {
+		t.Fatalf("clone of this node's volume: %v", err)
+	}
+	if clone.GetVolume().GetContentSource().GetVolume().GetVolumeId() != src.GetVolume().GetVolumeId() || len(im.ensured) != 1 {
+		t.Fatalf("clone of this node's volume %v; pulls %d", clone.GetVolume(), len(im.ensured))
 	}
 }

@@ -71,3 +71,13 @@ func (d *Driver) poolToDelete(id string, valid func(string) bool) (*Pool, error)
 	}
 	return pl, nil
 }
+
+// holds reports whether volume id is in one of this node's pools, in any
+// state: one that is not is another node's, or nowhere.
+func (d *Driver) holds(id string) bool {
+	pl, err := d.poolOf(id)
+	if err != nil {
+		return false
+	}
+	return pl.Pool.Holds(id)
+}

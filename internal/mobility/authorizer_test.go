@@ -16,6 +16,7 @@ import (
 
 	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/store"
 	"github.com/podvol/podvol/internal/transfer"
 )
 
@@ -86,6 +87,79 @@ func TestClaimAuthorizer(t *testing.T) {
 			if c.kind == nil {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.message) {
+				t.Fatalf("%v, want %v saying %q", err, c.kind, c.message)
+			}
+		})
+	}
+}
+
+// A clone's pull: the claim clones a claim of its namespace whose PV is
+// podvol's, on this node, with the handle asked for; the PV must name the
+// source claim back.
+func TestClaimAuthorizerClones(t *testing.T) {
+	const vol = "pv-0123456789abcdef01234567"
+	clone := func(mod func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVolumeClaim {
+		c := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "clone", UID: "u1", Annotations: map[string]string{
+				names.SelectedNode: "node-b", storageProvisioner: names.Driver, names.Placement: names.PlacementScheduler}},
+			Spec: corev1.PersistentVolumeClaimSpec{DataSource: &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "data"}},
+		}
+		if mod != nil {
+			mod(c)
+		}
+		return c
+	}
+	source := func(ns, volumeName string) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "data", UID: "src-uid"},
+			Spec: corev1.PersistentVolumeClaimSpec{VolumeName: volumeName}}
+	}
+	pv := func(handle, driver, node, claimNS string) *corev1.PersistentVolume {
+		return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-data"}, Spec: corev1.PersistentVolumeSpec{
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: handle}},
+			ClaimRef:               &corev1.ObjectReference{Namespace: claimNS, Name: "data", UID: "src-uid"},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: names.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
+		}}
+	}
+	req := transfer.Request{Caller: "node-b", Source: vol, Claim: transfer.Claim{Namespace: "team-a", Name: "clone", UID: "u1"}}
+	for _, c := range []struct {
+		name    string
+		objs    []runtime.Object
+		kind    error
+		message string
+	}{
+		{"allowed", []runtime.Object{clone(nil), source("team-a", "pv-data"), pv(vol, names.Driver, "node-a", "team-a")}, nil, ""},
+		{"another volume", []runtime.Object{clone(nil), source("team-a", "pv-data"), pv("pv-0123456789abcdef0123456f", names.Driver, "node-a", "team-a")}, errkind.ErrDenied, "clones volume pv-0123456789abcdef0123456f"},
+		{"another node's volume", []runtime.Object{clone(nil), source("team-a", "pv-data"), pv(vol, names.Driver, "node-c", "team-a")}, errkind.ErrDenied, `of node "node-c"`},
+		{"another driver's volume", []runtime.Object{clone(nil), source("team-a", "pv-data"), pv(vol, "other.csi", "node-a", "team-a")}, errkind.ErrDenied, "not " + names.Driver + "'s"},
+		{"a PV that does not name the source back", []runtime.Object{clone(nil), source("team-a", "pv-data"), pv(vol, names.Driver, "node-a", "team-b")}, errkind.ErrNotFound, "not bound to claim team-a/data"},
+		{"source not bound", []runtime.Object{clone(nil), source("team-a", ""), pv(vol, names.Driver, "node-a", "team-a")}, errkind.ErrNotFound, "is not bound"},
+		{"no source", []runtime.Object{clone(nil), pv(vol, names.Driver, "node-a", "team-a")}, errkind.ErrNotFound, "does not exist"},
+		{"another namespace's claim", []runtime.Object{clone(func(c *corev1.PersistentVolumeClaim) {
+			c.Spec.DataSourceRef = &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "data", Namespace: ptr.To("team-b")}
+		}), source("team-b", "pv-data"), pv(vol, names.Driver, "node-a", "team-b")}, errkind.ErrDenied, "not a claim of its namespace"},
+		{"a restore asking for a volume", []runtime.Object{clone(func(c *corev1.PersistentVolumeClaim) {
+			c.Spec.DataSource = &corev1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap"}
+		}), source("team-a", "pv-data"), pv(vol, names.Driver, "node-a", "team-a")}, errkind.ErrDenied, "not a claim of its namespace"},
+		{"not left to the scheduler", []runtime.Object{clone(func(c *corev1.PersistentVolumeClaim) { delete(c.Annotations, names.Placement) }),
+			source("team-a", "pv-data"), pv(vol, names.Driver, "node-a", "team-a")}, errkind.ErrDenied, "not left to the scheduler"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := ClaimAuthorizer{Client: fake.NewClientset(c.objs...), Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()),
+				Node: "node-a", Driver: names.Driver}
+			err := a.Authorize(context.Background(), req)
+			if c.kind == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				im := &Importer{Claims: fake.NewClientset(c.objs...), Driver: names.Driver}
+				node, err := im.VolumeNode(context.Background(), &store.Import{ClaimNamespace: "team-a", ClaimName: "clone", ClaimUID: "u1"}, vol)
+				if err != nil || node != "node-a" {
+					t.Fatalf("VolumeNode: %q, %v; want node-a", node, err)
 				}
 				return
 			}

@@ -24,6 +24,7 @@ import (
 	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
+	"github.com/podvol/podvol/internal/topology"
 	"github.com/podvol/podvol/internal/transfer"
 )
 
@@ -65,8 +66,11 @@ type Importer struct {
 	Resolver    Resolver
 	// Claims, if not nil, is asked once a copy is complete whether its
 	// claim is still there; a claim deleted during the copy gives the
-	// volume up instead of leaving it ready for no one.
+	// volume up instead of leaving it ready for no one. VolumeNode reads
+	// the claims and PVs of a clone from it.
 	Claims kubernetes.Interface
+	// Driver is podvol's name, which a cloned PV must carry.
+	Driver string
 	// RetryMin and RetryMax bound the pause between attempts (5 s, 1 min).
 	RetryMin, RetryMax time.Duration
 	// SyncEvery: transfer.DefaultSyncEvery if 0.
@@ -81,11 +85,11 @@ type Importer struct {
 }
 
 type job struct {
-	source, node string
-	started      time.Time
-	progress     transfer.Progress
-	attempts     int
-	last         error
+	kind, source, node string
+	started            time.Time
+	progress           transfer.Progress
+	attempts           int
+	last               error
 }
 
 // Start gives the Importer the context its pulls run in (the plugin's) and
@@ -117,7 +121,7 @@ func (im *Importer) Ensure(p *pool.Pool, v *store.Volume) string {
 	}
 	j, ok := im.jobs[v.ID]
 	if !ok {
-		j = &job{source: v.Source.ID, node: v.Source.Node, started: time.Now()}
+		j = &job{kind: v.Source.Kind, source: v.Source.ID, node: v.Source.Node, started: time.Now()}
 		im.jobs[v.ID] = j
 		ctx := im.ctx
 		if ctx == nil {
@@ -131,7 +135,7 @@ func (im *Importer) Ensure(p *pool.Pool, v *store.Volume) string {
 // status is what a user reads on the claim.
 func (j *job) status() string {
 	pr := j.progress
-	msg := fmt.Sprintf("copying snapshot %s from node %s", j.source, j.node)
+	msg := fmt.Sprintf("copying %s %s from node %s", j.kind, j.source, j.node)
 	if pr.Total > 0 {
 		msg += fmt.Sprintf(": %s of %s", humanBytes(pr.Done), humanBytes(pr.Total))
 		if r := pr.Rate(); r > 0 {
@@ -204,7 +208,7 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 			if im.failed == nil {
 				im.failed = map[string]error{}
 			}
-			im.failed[v.Name] = fmt.Errorf("copying snapshot %s from node %s: %w", v.Source.ID, v.Source.Node, err)
+			im.failed[v.Name] = fmt.Errorf("copying %s %s from node %s: %w", v.Source.Kind, v.Source.ID, v.Source.Node, err)
 			im.mu.Unlock()
 			if aerr := p.AbandonImport(v.ID); aerr != nil && !errors.Is(aerr, errkind.ErrNotFound) {
 				log.Error(aerr, "Cannot delete the volume of an abandoned pull")
@@ -224,6 +228,35 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 		}
 		retry = min(retry*2, retryMax)
 	}
+}
+
+// VolumeNode returns the node of volume id, which the claim imp names
+// clones: the node of its data source's PV, whose handle must be id.
+func (im *Importer) VolumeNode(ctx context.Context, imp *store.Import, id string) (string, error) {
+	if im.Claims == nil {
+		return "", fmt.Errorf("volume %s is not on this node, and this plugin has no API access to find it: %w", id, errkind.ErrNotFound)
+	}
+	pvc, err := im.Claims.CoreV1().PersistentVolumeClaims(imp.ClaimNamespace).Get(ctx, imp.ClaimName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "", fmt.Errorf("claim %s/%s does not exist: %w", imp.ClaimNamespace, imp.ClaimName, errkind.ErrNotFound)
+	case err != nil:
+		return "", fmt.Errorf("read claim %s/%s: %w", imp.ClaimNamespace, imp.ClaimName, err)
+	case string(pvc.UID) != imp.ClaimUID:
+		return "", fmt.Errorf("claim %s/%s is another claim now (UID %s, not %s): %w", imp.ClaimNamespace, imp.ClaimName, pvc.UID, imp.ClaimUID, errkind.ErrNotFound)
+	}
+	pv, err := ClonedPV(ctx, im.Claims, im.Driver, pvc)
+	if err != nil {
+		return "", err
+	}
+	if pv.Spec.CSI.VolumeHandle != id {
+		return "", fmt.Errorf("claim %s/%s clones volume %s, not %s: %w", imp.ClaimNamespace, imp.ClaimName, pv.Spec.CSI.VolumeHandle, id, errkind.ErrNotFound)
+	}
+	node := topology.Node(pv)
+	if node == "" {
+		return "", fmt.Errorf("PV %s of volume %s names no node in its node affinity: %w", pv.Name, id, errkind.ErrNotFound)
+	}
+	return node, nil
 }
 
 // final: retrying cannot help (refused, the source or the claim gone, the

@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/podvol/podvol/internal/device/devicetest"
@@ -101,6 +102,7 @@ func openPool(t *testing.T) *pool.Pool {
 // node-b (the target's pool and Importer).
 type nodes struct {
 	src, dst *pool.Pool
+	vol      *store.Volume
 	snap     *store.Snapshot
 	data     []byte
 	authz    *authorizer
@@ -127,6 +129,7 @@ func setup(t *testing.T) *nodes {
 		t.Fatal(err)
 	}
 	f.Close()
+	n.vol = v
 	if n.snap, err = n.src.CreateSnapshot(pool.SnapshotRequest{Name: "snap", SourceID: v.ID}); err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +142,12 @@ func setup(t *testing.T) *nodes {
 	served := make(chan error, 1)
 	go func() {
 		served <- transfer.Serve(ctx, lis, c["node-a"], &transfer.Server{
-			Images:     Images{Pool: func(name string) (*pool.Pool, bool) { return n.src, name == n.src.Name() }},
+			Images: Images{Pool: func(name string) (*pool.Pool, bool) { return n.src, name == n.src.Name() },
+				// The driver's CutForTransfer, less its locks and freeze.
+				Cut: func(id string, c store.Claim) (*pool.Pool, *store.Snapshot, error) {
+					s, err := n.src.CreateSnapshot(pool.SnapshotRequest{Name: pool.TransferSnapshotName(c.UID), SourceID: id, For: &c})
+					return n.src, s, err
+				}},
 			Authorizer: n.authz,
 		})
 	}()
@@ -290,7 +298,7 @@ func TestImportResumesAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	img, err := Images{Pool: func(string) (*pool.Pool, bool) { return n.src, true }}.Open(context.Background(), n.snap.ID)
+	img, err := Images{Pool: func(string) (*pool.Pool, bool) { return n.src, true }}.Open(context.Background(), transfer.Request{Source: n.snap.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,5 +378,93 @@ func TestEnsureAfterTheCopyIsQuiet(t *testing.T) {
 	}
 	if _, _, done, givenUp := n.im.Stats(); done != 1 || givenUp != 0 {
 		t.Errorf("done %d, given up %d; want 1 and 0", done, givenUp)
+	}
+}
+
+// A clone on node-b of node-a's volume pulls a snapshot node-a cuts for
+// the claim: the image is the volume's, and the snapshot goes once it has
+// been sent whole.
+func TestImportPullsAVolume(t *testing.T) {
+	n := setup(t)
+	v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: "clone", SizeBytes: 64 << 20, FsType: "ext4",
+		Source: &store.Source{Kind: store.FromVolume, ID: n.vol.ID, Node: "node-a"},
+		Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "clone", ClaimUID: "uid-clone"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, said := n.wait(t, v)
+	if got == nil {
+		t.Fatalf("the import was given up: %v (%v)", n.im.Failed("clone"), said)
+	}
+	if len(said) == 0 || !strings.Contains(said[0], "copying volume "+n.vol.ID+" from node node-a") {
+		t.Errorf("progress %q", said)
+	}
+	img, err := os.ReadFile(n.dst.ImagePath(v.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(n.src.ImagePath(n.vol.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(img, src) {
+		t.Fatalf("the clone's image (%d bytes) is not the volume's (%d bytes)", len(img), len(src))
+	}
+	// Sent whole: the snapshot cut for it goes (the server deletes it
+	// after the last frame, maybe after the pull has read it).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left, err := n.src.TransferSnapshots()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshots cut for transfers left on the source: %+v", left[0])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The sweep deletes the snapshots cut for claims that are bound, deleted or
+// replaced, and keeps those of claims still waiting for their copy.
+func TestSweeperDeletesWhatNoClaimNeeds(t *testing.T) {
+	p := openPool(t)
+	v, err := p.CreateVolume(context.Background(), pool.CreateRequest{Name: "data", SizeBytes: 16 << 20, FsType: "ext4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(name, uid, volume string) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: name, UID: types.UID(uid)},
+			Spec: corev1.PersistentVolumeClaimSpec{VolumeName: volume}}
+	}
+	kc := fake.NewClientset(claim("waiting", "u-waiting", ""), claim("bound", "u-bound", "pv-x"), claim("replaced", "u-new", ""))
+	cut := map[string]string{}
+	for _, c := range []string{"waiting", "bound", "replaced", "deleted"} {
+		uid := "u-" + c
+		s, err := p.CreateSnapshot(pool.SnapshotRequest{Name: pool.TransferSnapshotName(uid), SourceID: v.ID, For: &store.Claim{Namespace: "team-a", Name: c, UID: uid}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cut[c] = s.ID
+	}
+	// A VolumeSnapshot's snapshot is never swept.
+	own, err := p.CreateSnapshot(pool.SnapshotRequest{Name: "snapshot-1", SourceID: v.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := (Sweeper{Client: kc, Pools: []*pool.Pool{p}}).Sweep(context.Background()); n != 3 {
+		t.Errorf("swept %d snapshots, want 3", n)
+	}
+	for c, id := range cut {
+		_, err := p.ReadySnapshot(id)
+		if kept := err == nil; kept != (c == "waiting") {
+			t.Errorf("the snapshot cut for claim %s: kept %v (%v)", c, kept, err)
+		}
+	}
+	if _, err := p.ReadySnapshot(own.ID); err != nil {
+		t.Errorf("a VolumeSnapshot's snapshot was swept: %v", err)
 	}
 }

@@ -13,36 +13,63 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/snaphandle"
+	"github.com/podvol/podvol/internal/store"
+	"github.com/podvol/podvol/internal/topology"
 	"github.com/podvol/podvol/internal/transfer"
 )
 
 // Images serves this node's ready snapshots, by id, from the pool the id
-// names. A snapshot's image is never written after it is cut, so what a
+// names, and its volumes, through a snapshot cut for the claim that pulls
+// (Cut). A snapshot's image is never written after it is cut, so what a
 // pull reads does not change under it (a snapshot deleted meanwhile is
 // still read to the end through the open file).
 type Images struct {
 	// Pool returns the pool named (pool.PoolOf an id).
 	Pool func(name string) (*pool.Pool, bool)
+	// Cut returns the snapshot of volume id cut for claim, cutting it the
+	// first time (the driver's CutForTransfer); nil: volumes are not
+	// served.
+	Cut func(id string, claim store.Claim) (*pool.Pool, *store.Snapshot, error)
 }
 
-func (im Images) Open(_ context.Context, source string) (transfer.Image, error) {
-	name, ok := pool.PoolOf(source)
-	if !ok {
-		return transfer.Image{}, fmt.Errorf("%q is not a snapshot id: %w", source, errkind.ErrNotFound)
+func (im Images) Open(_ context.Context, r transfer.Request) (transfer.Image, error) {
+	switch {
+	case pool.ValidSnapshotID(r.Source):
+		name, _ := pool.PoolOf(r.Source)
+		p, ok := im.Pool(name)
+		if !ok {
+			return transfer.Image{}, fmt.Errorf("snapshot %s is of pool %s, which this node does not serve: %w", r.Source, name, errkind.ErrNotFound)
+		}
+		s, err := p.ReadySnapshot(r.Source)
+		if err != nil {
+			return transfer.Image{}, err
+		}
+		return open(p, s, nil)
+	case pool.ValidID(r.Source) && im.Cut != nil:
+		p, s, err := im.Cut(r.Source, store.Claim{Namespace: r.Claim.Namespace, Name: r.Claim.Name, UID: r.Claim.UID})
+		if err != nil {
+			return transfer.Image{}, fmt.Errorf("snapshot volume %s for claim %s: %w", r.Source, r.Claim, err)
+		}
+		// Sent whole, it has done its work; a pull that stops before
+		// the end resumes from it, and Sweeper deletes one left behind.
+		served := func() {
+			if err := p.DeleteSnapshot(s.ID); err != nil {
+				klog.ErrorS(err, "Cannot delete a snapshot cut for a clone on another node; it is deleted once its claim is bound", "snapshot", s.ID, "claim", r.Claim.String())
+			}
+		}
+		return open(p, s, served)
 	}
-	p, ok := im.Pool(name)
-	if !ok {
-		return transfer.Image{}, fmt.Errorf("snapshot %s is of pool %s, which this node does not serve: %w", source, name, errkind.ErrNotFound)
-	}
-	s, err := p.ReadySnapshot(source)
-	if err != nil {
-		return transfer.Image{}, err
-	}
+	return transfer.Image{}, fmt.Errorf("%q is not a snapshot or volume id this node serves: %w", r.Source, errkind.ErrNotFound)
+}
+
+// open opens snapshot s of p for serving.
+func open(p *pool.Pool, s *store.Snapshot, served func()) (transfer.Image, error) {
 	f, err := os.Open(p.SnapshotPath(s.ID))
 	if errors.Is(err, os.ErrNotExist) {
 		return transfer.Image{}, fmt.Errorf("snapshot %s's image: %w", s.ID, errkind.ErrNotFound)
@@ -58,7 +85,7 @@ func (im Images) Open(_ context.Context, source string) (transfer.Image, error) 
 	// The id is never reused, and the image never changes: its creation
 	// time tells a snapshot from any other of the same id (a restored
 	// store, a recreated pool).
-	return transfer.Image{File: f, Size: fi.Size(), Identity: fmt.Sprintf("%s@%d", s.ID, s.Created.UnixNano())}, nil
+	return transfer.Image{File: f, Size: fi.Size(), Identity: fmt.Sprintf("%s@%d", s.ID, s.Created.UnixNano()), Served: served}, nil
 }
 
 // Kinds the authorizer reads.
@@ -71,14 +98,16 @@ var (
 // with the provisioner that is to provision it.
 const storageProvisioner = "volume.kubernetes.io/storage-provisioner"
 
-// ClaimAuthorizer lets a node pull a snapshot only for a claim that is
-// bound for that node and restores that very snapshot, read live from the
-// API server: the claim (by namespace, name and UID) is unbound, to be
+// ClaimAuthorizer lets a node pull an image only for a claim that is bound
+// for that node and is made from that very image, read live from the API
+// server: the claim (by namespace, name and UID) is unbound, to be
 // provisioned by Driver on the caller's node (its selected node), and its
-// data source is a VolumeSnapshot of its own namespace whose content is
-// Driver's and whose handle names the snapshot asked for on this node.
-// So a node gets only what a claim sent to it references, which it would
-// be given anyway; a pod of a tenant has no node certificate at all.
+// data source is, in its own namespace, a VolumeSnapshot whose content is
+// Driver's and whose handle names the snapshot asked for on this node, or a
+// claim bound to a PV of Driver on this node whose handle is the volume
+// asked for. So a node gets only what a claim sent to it references, which
+// it would be given anyway; a pod of a tenant has no node certificate at
+// all.
 type ClaimAuthorizer struct {
 	Client  kubernetes.Interface
 	Dynamic dynamic.Interface
@@ -104,15 +133,23 @@ func (a ClaimAuthorizer) Authorize(ctx context.Context, r transfer.Request) erro
 	case pvc.Annotations[names.SelectedNode] != r.Caller:
 		return fmt.Errorf("claim %s is to be provisioned on node %q, not on node %s: %w", r.Claim, pvc.Annotations[names.SelectedNode], r.Caller, errkind.ErrDenied)
 	case pvc.Annotations[names.Placement] != names.PlacementScheduler:
-		// Only a restore meant to move (podvol-controller's or its user's
-		// word; a node cannot set this annotation) is pulled: a node that
-		// selects itself for any pending restore gets nothing.
+		// Only a claim meant to move (podvol-controller's or its user's
+		// word; a node cannot set this annotation) is pulled for: a node
+		// that selects itself for any pending restore or clone gets
+		// nothing.
 		return fmt.Errorf("claim %s is not left to the scheduler (%s: %s), so its data does not move: %w", r.Claim, names.Placement, names.PlacementScheduler, errkind.ErrDenied)
 	}
-	ref := pvc.Spec.DataSourceRef
-	if ref == nil && pvc.Spec.DataSource != nil {
-		ref = &corev1.TypedObjectReference{APIGroup: pvc.Spec.DataSource.APIGroup, Kind: pvc.Spec.DataSource.Kind, Name: pvc.Spec.DataSource.Name}
+	if pool.ValidID(r.Source) {
+		pv, err := ClonedPV(ctx, a.Client, a.Driver, pvc)
+		if err != nil {
+			return err
+		}
+		if pv.Spec.CSI.VolumeHandle != r.Source || topology.Node(pv) != a.Node {
+			return fmt.Errorf("claim %s clones volume %s of node %q, not %s of node %s: %w", r.Claim, pv.Spec.CSI.VolumeHandle, topology.Node(pv), r.Source, a.Node, errkind.ErrDenied)
+		}
+		return nil
 	}
+	ref := dataSource(pvc)
 	if ref == nil || ref.Kind != "VolumeSnapshot" || ref.APIGroup == nil || *ref.APIGroup != snapshotGVR.Group ||
 		(ref.Namespace != nil && *ref.Namespace != "" && *ref.Namespace != pvc.Namespace) {
 		return fmt.Errorf("claim %s's data source is not a VolumeSnapshot of its namespace: %w", r.Claim, errkind.ErrDenied)
@@ -154,4 +191,52 @@ func (a ClaimAuthorizer) Authorize(ctx context.Context, r transfer.Request) erro
 		return fmt.Errorf("claim %s restores snapshot %q (driver %s), not %s of node %s: %w", r.Claim, handle, driver, r.Source, a.Node, errkind.ErrDenied)
 	}
 	return nil
+}
+
+// dataSource is the claim's data source, from dataSourceRef or dataSource.
+func dataSource(pvc *corev1.PersistentVolumeClaim) *corev1.TypedObjectReference {
+	if ref := pvc.Spec.DataSourceRef; ref != nil {
+		return ref
+	}
+	if ds := pvc.Spec.DataSource; ds != nil {
+		return &corev1.TypedObjectReference{APIGroup: ds.APIGroup, Kind: ds.Kind, Name: ds.Name}
+	}
+	return nil
+}
+
+// ClonedPV is the PV of Driver that claim pvc clones: its data source is a
+// claim of its namespace, bound to that PV, which names the claim back. An
+// error wraps errkind.ErrNotFound if there is none (yet), errkind.ErrDenied
+// if the source is not a claim of the namespace or not Driver's.
+func ClonedPV(ctx context.Context, c kubernetes.Interface, driver string, pvc *corev1.PersistentVolumeClaim) (*corev1.PersistentVolume, error) {
+	ref := dataSource(pvc)
+	if ref == nil || ref.Kind != "PersistentVolumeClaim" || (ref.APIGroup != nil && *ref.APIGroup != "") ||
+		(ref.Namespace != nil && *ref.Namespace != "" && *ref.Namespace != pvc.Namespace) {
+		return nil, fmt.Errorf("claim %s/%s's data source is not a claim of its namespace: %w", pvc.Namespace, pvc.Name, errkind.ErrDenied)
+	}
+	src, err := c.CoreV1().PersistentVolumeClaims(pvc.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("claim %s/%s, which claim %s clones, does not exist: %w", pvc.Namespace, ref.Name, pvc.Name, errkind.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read claim %s/%s: %w", pvc.Namespace, ref.Name, err)
+	}
+	if src.Spec.VolumeName == "" {
+		return nil, fmt.Errorf("claim %s/%s, which claim %s clones, is not bound: %w", pvc.Namespace, ref.Name, pvc.Name, errkind.ErrNotFound)
+	}
+	pv, err := c.CoreV1().PersistentVolumes().Get(ctx, src.Spec.VolumeName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("PV %s of claim %s/%s does not exist: %w", src.Spec.VolumeName, pvc.Namespace, ref.Name, errkind.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read PV %s: %w", src.Spec.VolumeName, err)
+	}
+	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != driver {
+		return nil, fmt.Errorf("PV %s of claim %s/%s is not %s's: %w", pv.Name, pvc.Namespace, ref.Name, driver, errkind.ErrDenied)
+	}
+	// A claim may name any PV in volumeName; the PV must name it back.
+	if cr := pv.Spec.ClaimRef; cr == nil || cr.Namespace != src.Namespace || cr.Name != src.Name || (cr.UID != "" && cr.UID != src.UID) {
+		return nil, fmt.Errorf("PV %s is not bound to claim %s/%s: %w", pv.Name, pvc.Namespace, ref.Name, errkind.ErrNotFound)
+	}
+	return pv, nil
 }

@@ -19,9 +19,6 @@ func (p *Pool) createImport(r CreateRequest) (*store.Volume, error) {
 	if r.Import == nil || r.Import.ClaimNamespace == "" || r.Import.ClaimName == "" || r.Import.ClaimUID == "" {
 		return nil, fmt.Errorf("a volume made from node %s's %s %s needs the claim it is for: %w", r.Source.Node, r.Source.Kind, r.Source.ID, errkind.ErrInvalid)
 	}
-	if r.Source.Kind != store.FromSnapshot {
-		return nil, fmt.Errorf("a %s on another node (%s) cannot be copied yet, only snapshots: %w", r.Source.Kind, r.Source.Node, errkind.ErrInvalid)
-	}
 	imp := *r.Import
 	v := &store.Volume{
 		ID:         p.newID(kindVolume),
@@ -112,7 +109,7 @@ func (p *Pool) FinishImport(ctx context.Context, id string) (*store.Volume, erro
 			return nil, fmt.Errorf("probe the filesystem pulled into volume %s: %w", id, err)
 		}
 		if got != "" && got != v.FsType {
-			return nil, fmt.Errorf("node %s's snapshot %s holds %s, the new volume asks for %s: %w", v.Source.Node, v.Source.ID, got, v.FsType, errkind.ErrInvalid)
+			return nil, fmt.Errorf("node %s's %s %s holds %s, the new volume asks for %s: %w", v.Source.Node, v.Source.Kind, v.Source.ID, got, v.FsType, errkind.ErrInvalid)
 		}
 	}
 	if v.SizeBytes > v.Import.Size {

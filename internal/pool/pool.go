@@ -601,6 +601,15 @@ func (p *Pool) Written() (used, fsFree int64, err error) {
 	return used, fs.AvailableBytes, nil
 }
 
+// Holds reports whether the pool has a record of volume id, in any state.
+func (p *Pool) Holds(id string) bool {
+	if !ValidID(id) {
+		return false
+	}
+	_, err := p.store.Volume(id)
+	return !errors.Is(err, store.ErrNotFound)
+}
+
 // ReadyVolume returns the volume with id if it is ready: created and not
 // being deleted. Anything else is errkind.ErrNotFound, as the CSI calls about an
 // existing volume want it.

@@ -23,6 +23,29 @@ type SnapshotRequest struct {
 	SourceID string
 	// Quiesce, as for CreateRequest.
 	Quiesce func(volumeID string) (func(), error)
+	// For: the snapshot is cut for this claim on another node to pull (a
+	// clone that moves; see TransferSnapshotName).
+	For *store.Claim
+}
+
+// TransferSnapshotName is the name of the snapshot a volume's node cuts for
+// a clone on another node: one per claim, so that a pull that resumes
+// reads the same image.
+func TransferSnapshotName(claimUID string) string { return "transfer-" + claimUID }
+
+// TransferSnapshots lists the snapshots cut for claims on other nodes.
+func (p *Pool) TransferSnapshots() ([]*store.Snapshot, error) {
+	snaps, err := p.store.Snapshots()
+	if err != nil {
+		return nil, err
+	}
+	var out []*store.Snapshot
+	for _, s := range snaps {
+		if s.For != nil {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 // CreateSnapshot copies a volume's image as it is now. The snapshot is
@@ -56,6 +79,7 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 		FsType:    src.FsType,
 		State:     store.Creating,
 		Created:   time.Now().UTC(),
+		For:       r.For,
 	}
 	p.mu.Lock()
 	err = p.admit(snap.SizeBytes)

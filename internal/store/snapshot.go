@@ -20,6 +20,17 @@ type Snapshot struct {
 	// GroupID is the group snapshot this snapshot was cut in, if any:
 	// it is deleted with its group, not alone.
 	GroupID string `json:"groupId,omitempty"`
+	// For is the claim on another node that this snapshot was cut for, to
+	// be pulled from (a clone that moves): it is not a VolumeSnapshot's,
+	// and goes once the claim is bound or gone.
+	For *Claim `json:"for,omitempty"`
+}
+
+// Claim names a PersistentVolumeClaim, as of its UID.
+type Claim struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
 }
 
 // Snapshot returns the snapshot with id.

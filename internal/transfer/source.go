@@ -70,7 +70,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), statusOf(err))
 		return
 	}
-	img, err := s.Images.Open(r.Context(), req.Source)
+	img, err := s.Images.Open(r.Context(), req)
 	if err != nil {
 		log.Info("Cannot serve a pull", "err", err)
 		http.Error(w, err.Error(), statusOf(err))
@@ -104,6 +104,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := fw.end(); err != nil {
 		log.Info("A pull ended early", "err", err)
+		return
+	}
+	if img.Served != nil {
+		img.Served()
 	}
 }
 

@@ -81,13 +81,16 @@ type Image struct {
 	// source id: a resumed pull whose checkpoint names another identity
 	// starts again.
 	Identity string
+	// Served, if not nil, is called once the image was sent to its end
+	// (an image cut for one pull may go then).
+	Served func()
 }
 
-// Images opens the image a source id names. It must refuse ids it does not
-// serve (an error wrapping errkind.ErrNotFound) and never open a path the
-// id could escape to.
+// Images opens the image a request's source id names, once it is
+// authorized. It must refuse ids it does not serve (an error wrapping
+// errkind.ErrNotFound) and never open a path the id could escape to.
 type Images interface {
-	Open(ctx context.Context, source string) (Image, error)
+	Open(ctx context.Context, r Request) (Image, error)
 }
 
 // Authorizer says whether a request may be served: nil, or an error that

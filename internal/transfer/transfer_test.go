@@ -98,9 +98,18 @@ type files struct {
 	dir    string
 	mu     sync.Mutex
 	opened int
+	// served counts the images sent to their end.
+	served int
 }
 
-func (f *files) Open(_ context.Context, source string) (Image, error) {
+func (f *files) servedCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.served
+}
+
+func (f *files) Open(_ context.Context, r Request) (Image, error) {
+	source := r.Source
 	f.mu.Lock()
 	f.opened++
 	f.mu.Unlock()
@@ -117,7 +126,12 @@ func (f *files) Open(_ context.Context, source string) (Image, error) {
 		return Image{}, err
 	}
 	st := fi.Sys().(*syscall.Stat_t)
-	return Image{File: file, Size: fi.Size(), Identity: fmt.Sprintf("%d:%d", st.Ino, fi.ModTime().UnixNano())}, nil
+	served := func() {
+		f.mu.Lock()
+		f.served++
+		f.mu.Unlock()
+	}
+	return Image{File: file, Size: fi.Size(), Identity: fmt.Sprintf("%d:%d", st.Ino, fi.ModTime().UnixNano()), Served: served}, nil
 }
 
 // authz records what it was asked and answers err.
@@ -364,6 +378,9 @@ func TestPullResumesAfterTheSourceStops(t *testing.T) {
 	if cp.Verified < 4<<20 || cp.Verified > 6<<20 {
 		t.Fatalf("checkpoint after the cut at %d, want about 5 MiB", cp.Verified)
 	}
+	if fx.images.servedCount() != 0 {
+		t.Fatalf("an image cut short was reported served")
+	}
 	p.Resume, p.Checkpoint = cp, nil
 	res, err := p.Run(context.Background())
 	if err != nil {
@@ -374,6 +391,14 @@ func TestPullResumesAfterTheSourceStops(t *testing.T) {
 	}
 	if fileSum(t, src) != fileSum(t, dstPath) {
 		t.Fatal("the resumed copy differs from the source")
+	}
+	// The server reports it after the last frame is out, maybe after the
+	// pull has read it.
+	for deadline := time.Now().Add(5 * time.Second); fx.images.servedCount() != 1 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := fx.images.servedCount(); n != 1 {
+		t.Errorf("the image was reported served %d times, want once, after the pull that reached its end", n)
 	}
 }
 
@@ -606,7 +631,7 @@ func TestPullStartsAgainWhenTheCheckpointCannotHold(t *testing.T) {
 	fx := newFixture(t, nil, nil)
 	src := filepath.Join(fx.dir, "snap-7.img")
 	makeImage(t, src, 8<<20, []extent{{0, random(6 << 20)}})
-	img, err := fx.images.Open(context.Background(), "snap-7")
+	img, err := fx.images.Open(context.Background(), Request{Source: "snap-7"})
 	if err != nil {
 		t.Fatal(err)
 	}

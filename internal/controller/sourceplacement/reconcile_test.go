@@ -452,18 +452,23 @@ func TestWaitGrows(t *testing.T) {
 	}
 }
 
-// With transfers, a restore whose pod cannot run on the snapshot's node,
-// or that the user leaves to the scheduler, is not placed: podvol's
-// placeholder goes, the claim is marked for the scheduler, and a Normal
-// event says the data follows. A restore that fits is placed as before;
-// a clone (its volume cannot be pulled yet) is placed and warned of.
-func TestTransfersLetRestoresMove(t *testing.T) {
+// With transfers, a restore or clone whose pod cannot run on its source's
+// node, that the source's node gave back, or that the user leaves to the
+// scheduler, is not placed: podvol's placeholder goes, the claim is marked
+// for the scheduler, and a Normal event says the data follows. One that
+// fits is placed as before.
+func TestTransfersLetRestoresAndClonesMove(t *testing.T) {
 	golden, goldenPV := bound("golden", names.Driver, "node-a")
 	vs, content := snapshot("snap", "content-1", names.Driver, snaphandle.Format("id-1", "node-a"), "snap")
 	elsewhere := user("reader", "work")
 	elsewhere.Spec.NodeSelector = map[string]string{names.TopologyKey: "node-b"}
 	awaiting := func(c *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
 		c.Annotations = map[string]string{names.SelectedNode: names.AwaitingPlacement}
+		return c
+	}
+	// Placed on node-a before, and given back by its provisioner.
+	givenBack := func(c *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
+		c.Annotations = map[string]string{names.SourceNode: "node-a"}
 		return c
 	}
 	optOut := awaiting(restore("work", "snap"))
@@ -478,7 +483,9 @@ func TestTransfersLetRestoresMove(t *testing.T) {
 		{"pod elsewhere: moves", []client.Object{awaiting(restore("work", "snap")), vs, content, elsewhere}, "", "", names.PlacementScheduler, []string{"Normal " + ReasonDataFollows}},
 		{"pod fits: placed", []client.Object{awaiting(restore("work", "snap")), vs, content, user("reader", "work")}, "node-a", "node-a", "", []string{"Normal " + ReasonPlaced}},
 		{"left to the scheduler by the user", []client.Object{optOut, vs, content, elsewhere}, "", "", names.PlacementScheduler, nil},
-		{"a clone stays", []client.Object{awaiting(clone("work", "golden", nil)), elsewhere}, "node-a", "node-a", "", []string{"Normal " + ReasonPlaced, "Warning " + ReasonNodeUnfit, "Warning " + ReasonNodeUnfit}},
+		{"a clone's pod elsewhere: moves", []client.Object{awaiting(clone("work", "golden", nil)), elsewhere}, "", "", names.PlacementScheduler, []string{"Normal " + ReasonDataFollows}},
+		{"a clone's pod fits: placed", []client.Object{awaiting(clone("work", "golden", nil)), user("reader", "work")}, "node-a", "node-a", "", []string{"Normal " + ReasonPlaced}},
+		{"a clone the node gave back: moves", []client.Object{givenBack(clone("work", "golden", nil)), user("reader", "work")}, "", "node-a", names.PlacementScheduler, []string{"Normal " + ReasonDataFollows}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := append([]client.Object{class("podvol", names.Driver, storagev1.VolumeBindingWaitForFirstConsumer), golden, goldenPV, node("node-a")}, tc.objs...)

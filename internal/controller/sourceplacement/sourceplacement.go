@@ -95,9 +95,9 @@ type Reconciler struct {
 	// MaxBackoff caps the growing waits of Backoff and Wait. Zero means
 	// DefaultMaxBackoff.
 	MaxBackoff time.Duration
-	// Transfers: nodes pull restores' data from each other's snapshots
-	// (the plugins' --transfer-address), so a restore need not be
-	// provisioned on its snapshot's node: one annotated
+	// Transfers: nodes pull the data of restores and clones from each
+	// other (the plugins' --transfer-address), so neither need be
+	// provisioned on its source's node: one annotated
 	// podvol.io/placement: scheduler is left to kube-scheduler, and one
 	// whose pods cannot run there, or that the node had no room for, too.
 	Transfers bool
@@ -414,7 +414,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.waited(pvc, false)
 		return reconcile.Result{}, err
 	}
-	if r.Transfers && src.kind == "VolumeSnapshot" && pvc.Annotations[names.Placement] == names.PlacementScheduler {
+	if r.Transfers && src.namespace == "" && pvc.Annotations[names.Placement] == names.PlacementScheduler {
 		// The user's choice: wherever the pod goes, the data follows.
 		return reconcile.Result{}, r.leaveToScheduler(ctx, pvc)
 	}
@@ -466,7 +466,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case err != nil:
 		return reconcile.Result{}, err
 	}
-	if r.Transfers && src.kind == "VolumeSnapshot" {
+	if r.Transfers {
 		if moved, err := r.moveIfUnfit(ctx, pvc, src, n); moved || err != nil {
 			return reconcile.Result{}, err
 		}
@@ -478,9 +478,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return res, r.checkFit(ctx, pvc, src, n)
 }
 
-// moveIfUnfit leaves a restore not placed yet to kube-scheduler when a pod
-// that uses it cannot run on its snapshot's node: the node the pod goes to
-// pulls the data.
+// moveIfUnfit leaves a restore or clone not placed yet to kube-scheduler
+// when a pod that uses it cannot run on its source's node: the node the pod
+// goes to pulls the data.
 func (r *Reconciler) moveIfUnfit(ctx context.Context, pvc *corev1.PersistentVolumeClaim, src source, node *corev1.Node) (bool, error) {
 	if sel := pvc.Annotations[names.SelectedNode]; sel != "" && sel != names.AwaitingPlacement {
 		return false, nil // placed already: moving it now could race its provisioning
@@ -728,7 +728,7 @@ func (r *Reconciler) place(ctx context.Context, pvc *corev1.PersistentVolumeClai
 		// Placed here before, and the placement is gone (or the
 		// scheduler chose again after it went): the node's provisioner
 		// asked for another node, which cannot provision it either.
-		if r.Transfers && src.kind == "VolumeSnapshot" {
+		if r.Transfers {
 			r.event(pvc, corev1.EventTypeNormal, ReasonDataFollows,
 				"node %s, which holds its data source %s, has no room for this claim (see ProvisioningFailed events): it is provisioned where kube-scheduler puts its pod, and its data copied from node %s",
 				node, src, node)

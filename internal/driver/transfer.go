@@ -1,0 +1,30 @@
+package driver
+
+import (
+	"fmt"
+
+	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
+)
+
+// CutForTransfer returns the snapshot of volume id that a clone on another
+// node pulls, cut the first time a pull for claim asks: as CreateSnapshot
+// cuts one (a reflink copy of the image, its mounted filesystem frozen
+// around it, under the volume's lock), so the source's pod pauses only for
+// the reflink. One per claim: a pull that resumes reads the same image.
+func (d *Driver) CutForTransfer(id string, claim store.Claim) (*pool.Pool, *store.Snapshot, error) {
+	name, ok := pool.PoolOf(id)
+	pl := d.pools[name]
+	if !ok || !pool.ValidID(id) || pl == nil {
+		return nil, nil, fmt.Errorf("volume %q is not in a pool of node %s: %w", id, d.cfg.NodeID, errkind.ErrNotFound)
+	}
+	snap := pool.TransferSnapshotName(claim.UID)
+	defer d.locks.Lock("snapshot/" + snap)()
+	defer d.locks.Lock(id)()
+	s, err := pl.Pool.CreateSnapshot(pool.SnapshotRequest{Name: snap, SourceID: id, Quiesce: pl.Node.Quiesce, For: &claim})
+	if err != nil {
+		return nil, nil, err
+	}
+	return pl.Pool, s, nil
+}
