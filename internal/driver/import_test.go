@@ -173,3 +173,36 @@ func TestCloneOfAnotherNodesVolume(t *testing.T) {
 		t.Fatalf("clone of this node's volume %v; pulls %d", clone.GetVolume(), len(im.ensured))
 	}
 }
+
+// The snapshot a clone on another node pulls is cut once per claim, is
+// not listed to the CO, and only of a volume this node holds.
+func TestCutForTransfer(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	v, err := f.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "source", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{rwop()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := store.Claim{Namespace: "team-a", Name: "clone", UID: "0b1c2d3e-0000-4000-8000-000000000009"}
+	_, s1, err := f.d.CutForTransfer(v.GetVolume().GetVolumeId(), claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, s2, err := f.d.CutForTransfer(v.GetVolume().GetVolumeId(), claim)
+	if err != nil || s2.ID != s1.ID || s1.For == nil || *s1.For != claim {
+		t.Fatalf("cut again: %+v, %v; want %s for %+v", s2, err, s1.ID, claim)
+	}
+	l, err := f.d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{})
+	if err != nil || len(l.GetEntries()) != 0 {
+		t.Fatalf("ListSnapshots lists %v (%v): want none", l.GetEntries(), err)
+	}
+	l, err = f.d.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: f.d.snapshotHandle(s1.ID)})
+	if err != nil || len(l.GetEntries()) != 0 {
+		t.Fatalf("ListSnapshots by id lists %v (%v): want none", l.GetEntries(), err)
+	}
+	other := store.Claim{Namespace: "team-a", Name: "other", UID: "0b1c2d3e-0000-4000-8000-00000000000a"}
+	if _, _, err := f.d.CutForTransfer("pv-0123456789abcdef0123456f", other); !errors.Is(err, errkind.ErrNotFound) {
+		t.Fatalf("cut of a volume this node does not hold: %v, want not found", err)
+	}
+}

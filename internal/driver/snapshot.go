@@ -187,7 +187,7 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		if src := req.GetSourceVolumeId(); src == "" || src == s.SourceID {
+		if src := req.GetSourceVolumeId(); s.For == nil && (src == "" || src == s.SourceID) {
 			resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: d.csiSnapshot(s)})
 		}
 		return resp, nil
@@ -203,7 +203,8 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 		names = []string{p}
 	}
 	snaps, next, err := pagePools(d, names, start, int(req.GetMaxEntries()), "snapshots", (*store.Store).SnapshotPage, func(s *store.Snapshot) bool {
-		return s.State == store.Ready && (req.GetSourceVolumeId() == "" || s.SourceID == req.GetSourceVolumeId())
+		// A snapshot cut for a clone on another node is no CO's.
+		return s.State == store.Ready && s.For == nil && (req.GetSourceVolumeId() == "" || s.SourceID == req.GetSourceVolumeId())
 	}, func(s *store.Snapshot) string { return s.ID })
 	if err != nil {
 		return nil, err
