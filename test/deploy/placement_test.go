@@ -113,13 +113,34 @@ func TestPlacementGate(t *testing.T) {
 			t.Fatalf("patch %s %s: %v", name, p, err)
 		}
 	}
-	patch("restore", `{"metadata":{"annotations":{"`+names.SelectedNode+`":"node-a","`+names.SourceNode+`":"node-a"}}}`)
+	// (With the provisioner's annotation, as the PV controller sets it.)
+	patch("restore", `{"metadata":{"annotations":{"`+names.SelectedNode+`":"node-a","`+names.SourceNode+`":"node-a","volume.kubernetes.io/storage-provisioner":"`+names.Driver+`"}}}`)
 	if got := selected("restore"); got != "node-a" {
 		t.Fatalf("a placed restore has selected node %q after placement, want node-a", got)
 	}
-	patch("restore", `{"metadata":{"annotations":{"`+names.SelectedNode+`":null}}}`)
+	// Given back by node-a's external-provisioner (RESOURCE_EXHAUSTED: an
+	// update of the whole claim without the annotation), as node-a: the
+	// node policy lets a node hand its claim back, and the placeholder
+	// this policy puts in its place is no node's either.
+	c, err := pvcs.Get(bg, "restore", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(c.Annotations, names.SelectedNode)
+	_, err = e.nodeA.kc.CoreV1().PersistentVolumeClaims("tenant").Update(bg, c, metav1.UpdateOptions{})
+	allowed(t, e.nodeA, "give back a restore placed on it", err)
 	if got := selected("restore"); got != names.AwaitingPlacement {
 		t.Fatalf("a restore given back has selected node %q, want %q", got, names.AwaitingPlacement)
+	}
+	// And no further: the placeholder is not a node to take it for.
+	c, err = pvcs.Get(bg, "restore", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Annotations[names.SelectedNode] = "node-b"
+	_, err = e.nodeA.kc.CoreV1().PersistentVolumeClaims("tenant").Update(bg, c, metav1.UpdateOptions{})
+	if !refusedByPolicy(err) {
+		t.Errorf("node-a moved a restore given back to node-b: %v", err)
 	}
 	// Bound: left alone.
 	patch("clone", `{"spec":{"volumeName":"pv-1"}}`)

@@ -160,7 +160,7 @@ func TestTransferCertificates(t *testing.T) {
 
 type oneImage string
 
-func (o oneImage) Open(context.Context, string) (transfer.Image, error) {
+func (o oneImage) Open(context.Context, transfer.Request) (transfer.Image, error) {
 	f, err := os.Open(string(o))
 	if err != nil {
 		return transfer.Image{}, err
