@@ -7,9 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/podvol/podvol/internal/devcluster"
@@ -118,35 +116,14 @@ func (c *chaos) act(ctx context.Context) error {
 		return err
 	case r < 85 && len(sidecars) > 0:
 		s := sidecars[pick(len(sidecars))]
-		pids := killContainer(s.id)
+		pids := devcluster.KillContainer(s.id)
 		c.logf("SIGKILL container %s of pod %s: pids %v", s.name, s.pod, pids)
 	case len(plugins) > 0:
 		s := plugins[pick(len(plugins))]
-		pids := killContainer(s.id)
+		pids := devcluster.KillContainer(s.id)
 		c.logf("SIGKILL the plugin in pod %s: pids %v", s.pod, pids)
 	}
 	return nil
-}
-
-// killContainer SIGKILLs every process of the container with this id (its
-// cgroup path ends in the id) and returns their PIDs.
-func killContainer(id string) []int {
-	var pids []int
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cgroup"))
-		if err != nil || !strings.Contains(string(b), id) {
-			continue
-		}
-		if syscall.Kill(pid, syscall.SIGKILL) == nil {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // checkLeftovers waits until, on every node, no loop device serves an image

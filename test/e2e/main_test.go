@@ -93,6 +93,7 @@ func TestCluster(t *testing.T) {
 			{"DeviceClasses", testDeviceClasses},
 			{"GroupSnapshot", testGroupSnapshot},
 			{"RestoreOnAnotherNode", testRestoreOnAnotherNode},
+			{"CloneOnAnotherNode", testCloneOnAnotherNode},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
@@ -115,6 +116,8 @@ func TestCluster(t *testing.T) {
 		// It compares every node's pool with what its plugin exports.
 		{"KubectlPodvol", testKubectlPodvol},
 		{"PerNodeRouting", testPerNodeRouting},
+		// It kills podvol's plugins on two nodes mid-transfer.
+		{"TransferSurvivesKilledPlugins", testTransferSurvivesKilledPlugins},
 		{"DrainWithSomewhereToGo", testDrainWithSomewhereToGo},
 		{"NodeLost", testNodeLost},
 	} {

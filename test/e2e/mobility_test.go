@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/podvol/podvol/internal/devcluster"
 	"github.com/podvol/podvol/internal/names"
 )
 
@@ -100,4 +104,214 @@ spec:
 		t.Fatalf("a tenant's pod reached the transfer endpoint: %q, want the TLS handshake refused", out)
 	}
 	t.Logf("a tenant's pod asking %s: %s", url, strings.TrimSpace(out))
+}
+
+// testCloneOnAnotherNode: a clone its source's node has no room for lands
+// on a node that has, with the data. A pod on the node with the smallest
+// pool writes 64 MiB and its checksum; a clone asking for more than that
+// pool holds is placed on the source's node (podvol places clones there),
+// whose plugin gives it back (RESOURCE_EXHAUSTED); podvol-controller then
+// leaves it to kube-scheduler, whose node pulls a snapshot the source's
+// node cuts of the live volume, and a pod with no node selector reads the
+// data there with its checksum intact.
+func testCloneOnAnotherNode(t *testing.T) {
+	n := ns(t)
+	small := cluster.Nodes[0]
+	for _, node := range cluster.Nodes {
+		if node.PoolSize < small.PoolSize {
+			small = node
+		}
+	}
+	pvc(t, n, "data", "podvol-xfs", "512Mi", "")
+	apply(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: writer, namespace: %s}\nspec:\n  nodeSelector: {%s: %s}\n%s", n, names.TopologyKey, small.Name,
+		devcluster.PodSpec(2, "dd if=/dev/urandom of=/vol/blob bs=1M count=64 2>/dev/null && cd /vol && sha256sum blob > sum && sync", "vol", "/vol", "persistentVolumeClaim: {claimName: data}"))
+	waitPod(t, n, "writer")
+
+	size := fmt.Sprintf("%dGi", small.PoolSize>>30+1)
+	start := time.Now()
+	pvc(t, n, "copy", "podvol-xfs", size, "  dataSource: {kind: PersistentVolumeClaim, name: data}\n")
+	pod(t, n, "reader", "true", "persistentVolumeClaim: {claimName: copy}")
+	waitPod(t, n, "reader")
+	target := podNode(t, n, "reader").Name
+	t.Logf("a %s clone of %s's volume runs on %s after %s", size, small.Name, target, time.Since(start).Round(time.Second))
+	if target == small.Name {
+		t.Fatalf("the clone runs on %s, whose pool of %d GiB cannot hold %s", target, small.PoolSize>>30, size)
+	}
+	if out := exec(t, n, "reader", "cd /vol && sha256sum -c sum"); !strings.Contains(out, "blob: OK") {
+		t.Fatalf("the cloned data does not match its checksum: %q", out)
+	}
+	events := get(t, n, "events", `{range .items[?(@.involvedObject.name=="copy")]}{.reason}: {.message}{"\n"}{end}`)
+	for _, want := range []string{"DataFollowsPod", "copying volume", "from node " + small.Name} {
+		if !strings.Contains(events, want) {
+			t.Errorf("the clone's events do not say %q:\n%s", want, events)
+		}
+	}
+	// The source kept running, and wrote on.
+	if out := exec(t, n, "writer", "echo more > /vol/more && cat /vol/more"); out != "more" {
+		t.Errorf("the source's pod after the clone: %q", out)
+	}
+}
+
+// testTransferSurvivesKilledPlugins: a pull converges when either end's
+// plugin is killed in the middle of it. A pod on node A writes 1 GiB of
+// random data and its checksum; a snapshot is cut and restored twice for
+// pods that run only on node B. During the first pull, A's plugin is
+// SIGKILLed (the source: B retries and resumes once it is back); during the
+// second, B's (the target: its restart resumes the pull from its store).
+// Both restores hold the data with its checksum intact, and B's pool holds
+// no image but theirs. The killed plugins' pods are replaced at the end, so
+// that the run's no-restart check still means what it says.
+func testTransferSurvivesKilledPlugins(t *testing.T) {
+	n := ns(t)
+	a, b := cluster.Nodes[0], cluster.Nodes[1]
+	pvc(t, n, "data", "podvol-xfs", "2Gi", "")
+	apply(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: writer, namespace: %s}\nspec:\n  nodeSelector: {%s: %s}\n%s", n, names.TopologyKey, a.Name,
+		devcluster.PodSpec(2, "dd if=/dev/urandom of=/vol/blob bs=1M count=1024 2>/dev/null && cd /vol && sha256sum blob > sum && sync", "vol", "/vol", "persistentVolumeClaim: {claimName: data}"))
+	waitPod(t, n, "writer")
+	applyFile(t, "snapshot.yaml", map[string]string{"NS": n})
+	eventually(t, 3*time.Minute, func() string {
+		if r, _ := cluster.Get(ctx(t), n, "volumesnapshot/snap", "{.status.readyToUse}"); r != "true" {
+			return "snapshot not ready: " + r
+		}
+		return ""
+	})
+	t.Cleanup(func() { replaceNodePods(t, a.Name, b.Name) })
+	before := imagesOf(t, b)
+
+	for _, kill := range []*devcluster.Node{a, b} {
+		restore := "restore-of-" + kill.Name
+		reader := "reader-of-" + kill.Name
+		apply(t, `apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: %s
+  namespace: %s
+  annotations: {%s: %s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: podvol-xfs
+  resources: {requests: {storage: 2Gi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
+`, restore, n, names.Placement, names.PlacementScheduler)
+		apply(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: %s, namespace: %s}\nspec:\n  nodeSelector: {%s: %s}\n%s",
+			reader, n, names.TopologyKey, b.Name, podSpecYAML("persistentVolumeClaim: {claimName: "+restore+"}"))
+		// The pull writes into a new image in B's pool: killed once a
+		// quarter of the data is in (looked at every 50 ms: a pull of
+		// 1 GiB takes seconds).
+		img := ""
+		for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			for _, f := range imagesOf(t, b) {
+				if !slices.Contains(before, f) {
+					img = f
+				}
+			}
+			if img != "" && allocatedBytes(img) >= 256<<20 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after 3 minutes, the pull on %s has not copied 256 MiB (image %q)", b.Name, img)
+			}
+		}
+		pod, id := pluginContainer(t, kill.Name)
+		pids := devcluster.KillContainer(id)
+		got := allocatedBytes(img)
+		if len(pids) == 0 {
+			t.Fatalf("no process of the plugin container %s of pod %s to kill", id, pod)
+		}
+		if got >= 1<<30 {
+			t.Fatalf("the pull had all %d MiB when %s's plugin was killed: nothing was interrupted", got>>20, kill.Name)
+		}
+		t.Logf("killed %s's plugin (pod %s, pids %v) with %d MiB pulled into %s", kill.Name, pod, pids, got>>20, img)
+		waitPod(t, n, reader)
+		if out := exec(t, n, reader, "cd /vol && sha256sum -c sum"); !strings.Contains(out, "blob: OK") {
+			t.Fatalf("the restore whose pull lost %s's plugin does not match its checksum: %q", kill.Name, out)
+		}
+		before = append(before, img)
+		if kill == a {
+			// The target lost its source and tried again.
+			pod, _ := pluginContainer(t, b.Name)
+			logs, err := cluster.RunKubectl(ctx(t), "-n", "podvol-system", "logs", pod, "-c", "plugin")
+			must(t, "logs of "+pod, err)
+			if !strings.Contains(logs, "A pull failed; retrying") {
+				t.Errorf("%s's plugin did not retry the pull whose source was killed:\n%s", b.Name, lastLines(logs, 30))
+			}
+		}
+	}
+	// B's pool: the two restores' images, nothing half-copied beside.
+	var handles []string
+	for _, node := range []string{a.Name, b.Name} {
+		pv := get(t, n, "pvc/restore-of-"+node, "{.spec.volumeName}")
+		handles = append(handles, filepath.Join(b.PoolDir(), "volumes", get(t, "", "pv/"+pv, "{.spec.csi.volumeHandle}")+".img"))
+	}
+	for _, f := range imagesOf(t, b) {
+		if !slices.Contains(before, f) {
+			t.Errorf("an image in %s's pool that no volume of the test names: %s", b.Name, f)
+		}
+	}
+	for _, h := range handles {
+		if !slices.Contains(before, h) {
+			t.Errorf("restore image %s is not the one that was pulled into (%v)", h, before)
+		}
+	}
+	// The target's restart resumed its pull rather than starting again.
+	pod, _ := pluginContainer(t, b.Name)
+	logs, err := cluster.RunKubectl(ctx(t), "-n", "podvol-system", "logs", pod, "-c", "plugin")
+	must(t, "logs of "+pod, err)
+	if !strings.Contains(logs, "Resuming a pull") {
+		t.Errorf("%s's plugin did not resume the pull it was killed in:\n%s", b.Name, lastLines(logs, 30))
+	}
+}
+
+// imagesOf lists the volume images in node's pool.
+func imagesOf(t *testing.T, node *devcluster.Node) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(node.PoolDir(), "volumes", "*.img"))
+	must(t, "list "+node.Name+"'s images", err)
+	return m
+}
+
+// allocatedBytes is the disk space a file takes (0 if it is gone).
+func allocatedBytes(path string) int64 {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
+// pluginContainer is podvol's node pod on node and its plugin container's
+// id.
+func pluginContainer(t *testing.T, node string) (pod, id string) {
+	t.Helper()
+	out, err := cluster.RunKubectl(ctx(t), "-n", "podvol-system", "get", "pods", "-l", "app.kubernetes.io/component=node",
+		"--field-selector", "spec.nodeName="+node, "-o",
+		`jsonpath={.items[0].metadata.name} {.items[0].status.containerStatuses[?(@.name=="plugin")].containerID}`)
+	must(t, "podvol's pod on "+node, err)
+	pod, id, _ = strings.Cut(strings.TrimSpace(out), " ")
+	return pod, strings.TrimPrefix(id, "containerd://")
+}
+
+// replaceNodePods deletes podvol's node pods on nodes, gracefully, and
+// waits for the DaemonSets to be ready again: their replacements start
+// with no restarts counted.
+func replaceNodePods(t *testing.T, nodes ...string) {
+	for _, node := range nodes {
+		pod, _ := pluginContainer(t, node)
+		if _, err := cluster.RunKubectl(ctx(t), "-n", "podvol-system", "delete", "pod", pod, "--wait=true", "--timeout=2m"); err != nil {
+			t.Errorf("replace %s: %v", pod, err)
+		}
+	}
+	ds, err := cluster.NodeDaemonSets(ctx(t))
+	must(t, "podvol's node DaemonSets", err)
+	for _, d := range ds {
+		if _, err := cluster.RunKubectl(ctx(t), "-n", "podvol-system", "rollout", "status", d, "--timeout=4m"); err != nil {
+			t.Errorf("daemonset %s after its pods were replaced: %v", d, err)
+		}
+	}
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
 }
