@@ -216,6 +216,18 @@ STARTUP_FLAGS ?=
 bench-startup: ## pod start-up on the dev cluster, by volume kind (root)
 	flock -o $(CONFORMANCE_LOCK) $(GO) run ./bench/startup $(STARTUP_FLAGS)
 
+# Data between nodes (issue 27): a snapshot's data moved from node-1 to node-2
+# by podvol's transfer (a restore for a pod pinned to node-2) against cp
+# --sparse of the same image between the same two pools, each from a cold page
+# cache (bench/mobility/README.md, rewritten with the figures measured,
+# mobility.png and mobility.json). Needs root; brings the dev cluster up (or up
+# to date with the tree) and leaves it up; holds its lock (see conformance). A few
+# minutes with the defaults: MOBILITY_FLAGS='-rounds 5 -data 2Gi -size 8Gi'
+# (go run ./bench/mobility -h).
+MOBILITY_FLAGS ?=
+bench-mobility: ## a snapshot's data between two nodes: transfer vs sparse copy (root)
+	flock -o $(CONFORMANCE_LOCK) $(GO) run ./bench/mobility $(MOBILITY_FLAGS)
+
 # Kubernetes' external-storage e2e suite (v1.37.2, built unchanged from Go
 # modules by tools/e2e/build.sh) against podvol on the dev cluster, for each
 # test-driver definition in test/conformance (ext4, xfs, raw block, inline
