@@ -59,7 +59,12 @@ func main() {
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds; the report gives each and their median")
 	flag.StringVar(&c.out, "out", filepath.Join(devcluster.RepoRoot(), "bench", "mobility"), "directory for README.md, mobility.png and mobility.json")
 	flag.DurationVar(&c.timeout, "step-timeout", 10*time.Minute, "how long one step (a write, a snapshot, a restore) may take")
+	rewrite := flag.Bool("rewrite", false, "only write README.md and mobility.png again from -out's mobility.json (no cluster, no root)")
 	flag.Parse()
+	run := run
+	if *rewrite {
+		run = rewriteReport
+	}
 	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-mobility:", err)
 		os.Exit(1)
@@ -356,4 +361,17 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// rewriteReport writes the report again from its figures.
+func rewriteReport(c config) error {
+	b, err := os.ReadFile(filepath.Join(c.out, jsonName))
+	if err != nil {
+		return err
+	}
+	var res Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("%s: %w", jsonName, err)
+	}
+	return write(c.out, &res)
 }

@@ -138,13 +138,16 @@ func Markdown(res *Result) string {
 	p("  copy: the fastest a copy between the two pools goes on this host, without a network, encryption or checks;")
 	p("- **transfer**: a restore of the snapshot, annotated `podvol.io/placement: scheduler`, for a pod that may run only")
 	p("  on %s: that node's plugin pulls the snapshot from %s's as podvol ships it (TLS 1.3 with the nodes'", res.Target, res.Source)
-	p("  certificates, SHA-256 per 1 MiB chunk and a stream digest, a sync and a checkpoint every 64 MiB). Its time is")
+	p("  certificates, CRC-32C per 1 MiB chunk and a stream digest, a sync and a checkpoint every 64 MiB). Its time is")
 	p("  the plugin's own (`Pulled a volume's data ... duration`, from the first `CreateVolume` to the copy made ready);")
 	p("  *restore ready after* is the claim's creation to its pod ready (scheduling, the provisioner's retries of")
 	p("  `ABORTED` and the pod's start included).")
 	p("")
 	p("MiB/s are of the image's data extents (the same for both: only data moves). Both ends are on one disk here, so")
 	p("each copy reads and writes it; on real nodes the transfer's bound is the slower of the two disks and the network.")
+	p("Both ends also share this host's CPUs: the source's plugin (reads, CRCs, TLS encryption), the target's (TLS")
+	p("decryption, CRCs, writes) and the network stack between them compete for %s, where `cp` is one process", cpus(res.Machine))
+	p("and two real nodes would each have their own.")
 	p("The rounds' figures are in `%s`.", jsonName)
 	return b.String()
 }
@@ -182,4 +185,14 @@ func Plot(res *Result) *plot.Canvas {
 	cv.Rect(left+300, H-22, left+312, H-10, plot.Series[1])
 	cv.Text(left+318, H-11, "transfer (podvol's pull)", plot.Ink)
 	return cv
+}
+
+// cpus is what Machine says of the CPUs ("2 CPUs"), or "the same CPUs".
+func cpus(machine string) string {
+	for _, part := range strings.Split(machine, ", ") {
+		if strings.HasSuffix(part, " CPUs") {
+			return "the same " + part
+		}
+	}
+	return "the same CPUs"
 }

@@ -108,10 +108,13 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 	if syncEvery <= 0 {
 		syncEvery = DefaultSyncEvery
 	}
-	fr := newReader(resp.Body, cp.Size, from)
+	stop := make(chan struct{})
+	defer close(stop)
+	frames, free := decode(newReader(resp.Body, cp.Size, from), stop)
 	var unsynced, done, reached int64
-	for {
-		f, err := fr.read()
+	fd := int(p.Dst.Fd())
+	for d := range frames {
+		f, err := d.f, d.err
 		if err != nil {
 			return res, p.stopped(cp, reached, cancelled(ctx, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err)))
 		}
@@ -120,6 +123,9 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 			if _, err := p.Dst.WriteAt(f.data, f.offset); err != nil {
 				return res, p.stopped(cp, reached, fmt.Errorf("write %d bytes at %d of the copy: %w", f.length, f.offset, err))
 			}
+			// Written back from now on, so that the sync at the next
+			// checkpoint has little left to wait for.
+			_ = unix.SyncFileRange(fd, f.offset, f.length, unix.SYNC_FILE_RANGE_WRITE)
 			res.Sent += f.length
 			unsynced += f.length
 		case frameZero:
@@ -136,6 +142,7 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 			res.Duration = time.Since(start)
 			return res, nil
 		}
+		free <- f.buf
 		done += f.length
 		reached = f.offset + f.length
 		if p.Progress != nil {
@@ -149,6 +156,48 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 			unsynced = 0
 		}
 	}
+	return res, p.stopped(cp, reached, fmt.Errorf("pull %s from %s: the stream ended without its end", p.Source, p.Address))
+}
+
+// decodeDepth is how many frames the decoder may have read ahead of the
+// pull's writes (and syncs): the network and checksums keep going while
+// the disk catches up.
+const decodeDepth = 8
+
+type decoded struct {
+	f   frame
+	err error
+}
+
+// decode reads frames in a goroutine of its own, into buffers it takes
+// from free, and sends them on frames, which it closes after the last one
+// (the end, a failure, or an error). The receiver gives each frame's buf
+// back to free. Every frame holds a buffer, so sending one never blocks;
+// waiting for a buffer stops when stop is closed, and a read when the
+// stream's body is.
+func decode(r *reader, stop <-chan struct{}) (frames <-chan decoded, free chan<- []byte) {
+	out := make(chan decoded, decodeDepth)
+	bufs := make(chan []byte, decodeDepth)
+	for range decodeDepth {
+		bufs <- make([]byte, ChunkSize)
+	}
+	go func() {
+		defer close(out)
+		for {
+			var buf []byte
+			select {
+			case buf = <-bufs:
+			case <-stop:
+				return
+			}
+			f, err := r.read(buf)
+			out <- decoded{f, err}
+			if err != nil || f.kind == frameEnd || f.kind == frameFail {
+				return
+			}
+		}
+	}()
+	return out, bufs
 }
 
 // cancelled is err, or, when ctx ended, ctx's error with err as detail: a

@@ -112,40 +112,95 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // stream writes the image's data from off: each data extent in chunks, a
-// chunk of zeros as its length alone.
+// chunk of zeros as its length alone. Chunks are read and hashed in a
+// goroutine of its own (chunks), up to readDepth ahead of the network.
 func (s *Server) stream(ctx context.Context, img Image, off int64, w *writer) error {
-	fd := int(img.File.Fd())
-	// The pages read are not kept: a snapshot read once for a move should
-	// not push a running pod's data out of the page cache.
-	_ = unix.Fadvise(fd, off, 0, unix.FADV_SEQUENTIAL)
-	buf := make([]byte, ChunkSize)
-	return extents(img.File, off, img.Size, func(start, end int64) error {
-		for pos := start; pos < end; {
-			n := min(end-pos, ChunkSize)
-			b := buf[:n]
-			if _, err := img.File.ReadAt(b, pos); err != nil {
-				return fmt.Errorf("read %d bytes at %d: %w", n, pos, err)
-			}
-			_ = unix.Fadvise(fd, pos, n, unix.FADV_DONTNEED)
-			if bytes.Equal(b, zeros[:n]) {
-				if err := w.zero(pos, n); err != nil {
-					return err
-				}
-			} else {
-				if s.Limiter != nil {
-					if err := s.Limiter.WaitN(ctx, int(n)); err != nil {
-						return fmt.Errorf("bandwidth limit: %w", err)
-					}
-				}
-				if err := w.data(pos, b); err != nil {
-					return err
-				}
-				s.sent.Add(n)
-			}
-			pos += n
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	in, free := chunks(ctx, img, off)
+	for c := range in {
+		if c.err != nil {
+			return c.err
 		}
-		return nil
-	})
+		if c.zero {
+			if err := w.zero(c.pos, c.n); err != nil {
+				return err
+			}
+		} else {
+			if s.Limiter != nil {
+				if err := s.Limiter.WaitN(ctx, int(c.n)); err != nil {
+					return fmt.Errorf("bandwidth limit: %w", err)
+				}
+			}
+			if err := w.data(c.pos, c.buf[:c.n], c.sum); err != nil {
+				return err
+			}
+			s.sent.Add(c.n)
+		}
+		free <- c.buf
+	}
+	return ctx.Err()
+}
+
+// readDepth is how many chunks the source reads ahead of what it sends.
+const readDepth = 8
+
+// chunk is a piece of an image read for sending.
+type chunk struct {
+	pos, n int64
+	zero   bool
+	sum    uint32
+	buf    []byte
+	err    error
+}
+
+// chunks reads img's data extents from off in chunks of at most ChunkSize,
+// each with its checksum (none for zeros), into buffers taken from free,
+// and sends them in order; an error is the last chunk sent. The channel is
+// closed after the last. The receiver gives each chunk's buf back to free;
+// every chunk but the error holds one, so a send never blocks, and waiting
+// for a buffer stops when ctx ends.
+func chunks(ctx context.Context, img Image, off int64) (<-chan chunk, chan<- []byte) {
+	// Room for every buffer's chunk and the error after them.
+	out := make(chan chunk, readDepth+1)
+	bufs := make(chan []byte, readDepth)
+	for range readDepth {
+		bufs <- make([]byte, ChunkSize)
+	}
+	go func() {
+		defer close(out)
+		fd := int(img.File.Fd())
+		// The pages read are not kept: a snapshot read once for a move
+		// should not push a running pod's data out of the page cache.
+		_ = unix.Fadvise(fd, off, 0, unix.FADV_SEQUENTIAL)
+		err := extents(img.File, off, img.Size, func(start, end int64) error {
+			for pos := start; pos < end; {
+				n := min(end-pos, ChunkSize)
+				var buf []byte
+				select {
+				case buf = <-bufs:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				b := buf[:n]
+				if _, err := img.File.ReadAt(b, pos); err != nil {
+					return fmt.Errorf("read %d bytes at %d: %w", n, pos, err)
+				}
+				_ = unix.Fadvise(fd, pos, n, unix.FADV_DONTNEED)
+				c := chunk{pos: pos, n: n, buf: buf, zero: bytes.Equal(b, zeros[:n])}
+				if !c.zero {
+					c.sum = checksum(b)
+				}
+				out <- c
+				pos += n
+			}
+			return nil
+		})
+		if err != nil {
+			out <- chunk{err: err}
+		}
+	}()
+	return out, bufs
 }
 
 var zeros = make([]byte, ChunkSize)

@@ -7,13 +7,16 @@
 // Authorizer's to say, asked for every request with the caller's node as the
 // certificate proves it. Only the image's data extents move (SEEK_DATA,
 // SEEK_HOLE; chunks of zeros are sent as their length alone), every chunk
-// carries its SHA-256, checked before it is written, and the stream ends
-// with a digest over every chunk it carried (TLS already protects the
-// stream in transit; the digests catch a framing bug on either side, and
-// the per-chunk ones what the source read or the target was handed). The target syncs its copy every SyncEvery bytes and
-// records how far it is verified (a Checkpoint); a pull that stops, on
-// either side, resumes from there as long as the source serves the same
-// image (its Identity).
+// carries its CRC-32C, checked before it is written, and the stream ends
+// with a SHA-256 over every frame's header, checksums included (TLS already
+// protects the stream in transit; the digest catches a frame lost or
+// reordered by a bug on either side, the checksums what the source read or
+// the target was handed). Both ends work in two goroutines each, the disk
+// on one and the network and checksums on the other, a few chunks apart.
+// The target syncs its copy every SyncEvery bytes (its writes started to
+// the disk as they are made) and records how far it is verified (a
+// Checkpoint); a pull that stops, on either side, resumes from there as
+// long as the source serves the same image (its Identity).
 //
 // The protocol is HTTP/1.1 over TLS 1.3, one GET per pull, the body a
 // stream of frames (wire.go): no code generation, no HTTP/2 flow-control

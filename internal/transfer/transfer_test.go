@@ -483,7 +483,7 @@ func TestPullRefusesCorruptStreams(t *testing.T) {
 	altered := func() []byte {
 		var b bytes.Buffer
 		w := newWriter(&b)
-		if err := w.data(0, good); err != nil {
+		if err := w.data(0, good, checksum(good)); err != nil {
 			t.Fatal(err)
 		}
 		raw := b.Bytes()
@@ -494,9 +494,9 @@ func TestPullRefusesCorruptStreams(t *testing.T) {
 	dropped := func() []byte {
 		var sent, all bytes.Buffer
 		ws, wa := newWriter(&sent), newWriter(&all)
-		_ = wa.data(0, good)
-		_ = ws.data(8192, good)
-		_ = wa.data(8192, good)
+		_ = wa.data(0, good, checksum(good))
+		_ = ws.data(8192, good, checksum(good))
+		_ = wa.data(8192, good, checksum(good))
 		ws.digest, ws.total = wa.digest, wa.total // the end of the stream with both
 		_ = ws.end()
 		return sent.Bytes()
@@ -505,7 +505,7 @@ func TestPullRefusesCorruptStreams(t *testing.T) {
 		body []byte
 		want string
 	}{
-		"altered": {altered, "does not match its SHA-256"},
+		"altered": {altered, "does not match its checksum"},
 		"dropped": {dropped, "8192 bytes of data"},
 	} {
 		t.Run(name, func(t *testing.T) {
