@@ -92,7 +92,7 @@ func write(dir string, res *Result) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, readmeName), []byte(Markdown(res)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, readmeName), []byte(Markdown(res)), 0o644); err != nil { // #nosec G306 -- a report in the repository, read by all
 		return err
 	}
 	if err := writeJSON(filepath.Join(dir, jsonName), res); err != nil {
