@@ -116,8 +116,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // goroutine of its own (chunks), up to readDepth ahead of the network.
 func (s *Server) stream(ctx context.Context, img Image, off int64, w *writer) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	in, free := chunks(ctx, img, off)
+	defer func() {
+		// The reader stops at its next chunk; the file is closed once
+		// this returns, so wait for it (its sends never block).
+		cancel()
+		for range in {
+		}
+	}()
 	for c := range in {
 		if c.err != nil {
 			return c.err
