@@ -83,7 +83,11 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if source != nil && source.Kind == store.FromVolume && d.cfg.Importer != nil && !d.holds(source.ID) {
 		// A clone of a volume this node does not hold: the API server
 		// tells which node does (the source claim's PV), for the claim
-		// the provisioner names.
+		// the provisioner names. Its id goes into a record and a URL:
+		// only the shape podvol makes.
+		if !pool.ValidID(source.ID) {
+			return nil, invalid("source volume %q is not a podvol volume id (want pv-[<pool>-]<24 hex digits>)", source.ID)
+		}
 		if imp, err = importFor(name, req.GetParameters()); err != nil {
 			return nil, err
 		}

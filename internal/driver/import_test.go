@@ -158,6 +158,11 @@ func TestCloneOfAnotherNodesVolume(t *testing.T) {
 
 	_, err = f.d.CreateVolume(ctx, req("pvc-"+uid[:35]+"3", "pv-0123456789abcdef0123456f"))
 	wantCode(t, err, codes.NotFound, "clone of a volume no claim clones")
+	// An id podvol never made (a static PV may carry any handle) is
+	// refused before it is looked up, recorded or put in a URL.
+	im.nodes["vol-../../etc"] = "node-2"
+	_, err = f.d.CreateVolume(ctx, req("pvc-"+uid[:35]+"5", "vol-../../etc"))
+	wantCode(t, err, codes.InvalidArgument, "clone of a volume id podvol never made")
 
 	// This node's own volume: a local copy, no pull.
 	src, err := f.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "source", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
