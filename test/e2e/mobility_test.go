@@ -48,20 +48,7 @@ func testRestoreOnAnotherNode(t *testing.T) {
 	}
 
 	start := time.Now()
-	apply(t, `apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: restored
-  namespace: %s
-  annotations: {%s: %s}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: podvol-xfs
-  resources: {requests: {storage: 512Mi}}
-  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
-`, n, names.Placement, names.PlacementScheduler)
-	apply(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: reader, namespace: %s}\nspec:\n  nodeSelector: {%s: %s}\n%s",
-		n, names.TopologyKey, other, podSpecYAML("persistentVolumeClaim: {claimName: restored}"))
+	restoreOn(t, n, "restored", "512Mi", "reader", other)
 	waitPod(t, n, "reader")
 	t.Logf("restored on %s from %s's snapshot in %s", other, source.Name, time.Since(start).Round(time.Second))
 	if got := podNode(t, n, "reader").Name; got != other {
@@ -181,20 +168,7 @@ func testTransferSurvivesKilledPlugins(t *testing.T) {
 	for _, kill := range []*devcluster.Node{a, b} {
 		restore := "restore-of-" + kill.Name
 		reader := "reader-of-" + kill.Name
-		apply(t, `apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: %s
-  namespace: %s
-  annotations: {%s: %s}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: podvol-xfs
-  resources: {requests: {storage: 2Gi}}
-  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
-`, restore, n, names.Placement, names.PlacementScheduler)
-		apply(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: %s, namespace: %s}\nspec:\n  nodeSelector: {%s: %s}\n%s",
-			reader, n, names.TopologyKey, b.Name, podSpecYAML("persistentVolumeClaim: {claimName: "+restore+"}"))
+		restoreOn(t, n, restore, "2Gi", reader, b.Name)
 		// The pull writes into a new image in B's pool: killed once a
 		// quarter of the data is in (looked at every 50 ms: a pull of
 		// 1 GiB takes seconds).
@@ -314,4 +288,25 @@ func replaceNodePods(t *testing.T, nodes ...string) {
 func lastLines(s string, n int) string {
 	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
+
+// restoreOn creates claim, a restore of VolumeSnapshot snap left to
+// kube-scheduler (podvol.io/placement: scheduler), and pod, which uses it
+// at /vol and may run only on node.
+func restoreOn(t *testing.T, ns, claim, size, pod, node string) {
+	t.Helper()
+	apply(t, `apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: %s
+  namespace: %s
+  annotations: {%s: %s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: podvol-xfs
+  resources: {requests: {storage: %s}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
+`, claim, ns, names.Placement, names.PlacementScheduler, size)
+	apply(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: %s, namespace: %s}\nspec:\n  nodeSelector: {%s: %s}\n%s",
+		pod, ns, names.TopologyKey, node, podSpecYAML("persistentVolumeClaim: {claimName: "+claim+"}"))
 }
