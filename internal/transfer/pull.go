@@ -30,7 +30,9 @@ type Pull struct {
 	// a file only the pull writes (a temporary image no volume is yet).
 	Dst *os.File
 	// Resume is where an earlier pull of the same source into Dst stopped
-	// (the last Checkpoint it reported); zero to start from the beginning.
+	// (the last Checkpoint it reported), or Holding the image of a whole
+	// pull whose Result said More (only what changed since is pulled);
+	// zero to start from the beginning.
 	Resume Checkpoint
 	// Checkpoint, if not nil, is called after each sync of Dst; an error
 	// stops the pull.
@@ -47,24 +49,27 @@ type Pull struct {
 // ErrInvalid; any other error may be retried.
 func (p *Pull) Run(ctx context.Context) (Result, error) {
 	start := time.Now()
+	// since: Dst holds that image whole, or with changes towards
+	// Resume.Identity applied up to Resume.Verified.
+	since := p.Resume.Base
 	from := int64(0)
 	if p.Resume.Identity != "" {
 		from = p.Resume.Verified
 	}
-	if from > 0 {
+	if from > 0 || since != "" {
 		// The checkpoint speaks of a copy of the image's size; a copy of
 		// another size (lost, recreated) is not what it verified.
 		if fi, err := p.Dst.Stat(); err != nil || fi.Size() != p.Resume.Size {
 			klog.FromContext(ctx).Info("The copy is not the one the checkpoint verified: starting again", "source", p.Source, "verified", from)
-			from = 0
+			from, since = 0, ""
 		}
 	}
-	resp, err := p.get(ctx, from)
+	resp, err := p.get(ctx, since, from)
 	if from > 0 && errors.Is(err, errBeyond) {
 		// The source's image under this id is now smaller than what was
 		// verified of the old one: another image, pulled from the start.
-		from = 0
-		resp, err = p.get(ctx, 0)
+		from, since = 0, ""
+		resp, err = p.get(ctx, "", 0)
 	}
 	if err != nil {
 		return Result{}, err
@@ -74,13 +79,15 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 		resp.Body.Close()
 		return Result{}, err
 	}
-	if from > 0 && (cp.Identity != p.Resume.Identity || cp.Size != p.Resume.Size) {
+	changes := since != "" && resp.Header.Get(headerSince) == since
+	if from > 0 && (cp.Identity != p.Resume.Identity || cp.Size != p.Resume.Size || (since != "" && !changes)) {
 		// The source serves another image under this id (it was cut again
-		// after a restart): what Dst holds is of the old one.
+		// after a restart): what Dst holds is of the old one, or the old
+		// one's changes half applied.
 		resp.Body.Close()
 		klog.FromContext(ctx).Info("The source's image changed since the pull stopped: starting again", "source", p.Source, "address", p.Address, "verified", from)
-		from = 0
-		if resp, err = p.get(ctx, 0); err != nil {
+		from, since, changes = 0, "", false
+		if resp, err = p.get(ctx, "", 0); err != nil {
 			return Result{}, err
 		}
 		if cp, err = checkpointOf(resp); err != nil {
@@ -89,7 +96,9 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 		}
 	}
 	defer resp.Body.Close()
-	if from == 0 {
+	if changes {
+		cp.Base = since
+	} else if from == 0 {
 		// Nothing of an earlier copy may survive: holes must be holes.
 		if err := p.Dst.Truncate(0); err != nil {
 			return Result{}, fmt.Errorf("empty the copy: %w", err)
@@ -103,7 +112,7 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 	if err != nil || total < 0 {
 		return Result{}, fmt.Errorf("source %s answered without its data size", p.Address)
 	}
-	res := Result{Resumed: from}
+	res := Result{Resumed: from, More: resp.Header.Get(headerMore) == "true"}
 	syncEvery := p.SyncEvery
 	if syncEvery <= 0 {
 		syncEvery = DefaultSyncEvery
@@ -129,7 +138,13 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 			res.Sent += f.length
 			unsynced += f.length
 		case frameZero:
-			// Dst is a hole there (sized from empty, or the same image).
+			// Dst is a hole there when pulled from empty; a change makes
+			// it one.
+			if changes {
+				if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, f.offset, f.length); err != nil {
+					return res, p.stopped(cp, reached, fmt.Errorf("punch %d bytes at %d of the copy: %w", f.length, f.offset, err))
+				}
+			}
 			res.Zeros += f.length
 		case frameFail:
 			return res, p.stopped(cp, reached, cancelled(ctx, fmt.Errorf("pull %s from %s: the source failed: %s", p.Source, p.Address, f.msg)))
@@ -239,11 +254,15 @@ func (p *Pull) sync(cp Checkpoint) error {
 	return nil
 }
 
-func (p *Pull) get(ctx context.Context, from int64) (*http.Response, error) {
-	u := url.URL{Scheme: "https", Host: p.Address, Path: Path + p.Source, RawQuery: url.Values{
+func (p *Pull) get(ctx context.Context, since string, from int64) (*http.Response, error) {
+	q := url.Values{
 		"namespace": {p.Claim.Namespace}, "name": {p.Claim.Name}, "uid": {p.Claim.UID},
 		"from": {strconv.FormatInt(from, 10)},
-	}.Encode()}
+	}
+	if since != "" {
+		q.Set("since", since)
+	}
+	u := url.URL{Scheme: "https", Host: p.Address, Path: Path + p.Source, RawQuery: q.Encode()}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, err

@@ -65,7 +65,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Caller = caller
 	log := klog.FromContext(r.Context()).WithValues("caller", caller, "source", req.Source, "claim", req.Claim.String(), "from", req.From)
-	if err := s.Authorizer.Authorize(r.Context(), req); err != nil {
+	if err := s.Authorizer.Authorize(r.Context(), &req); err != nil {
 		log.Info("Refused a pull", "err", err)
 		http.Error(w, err.Error(), statusOf(err))
 		return
@@ -77,25 +77,45 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer img.File.Close()
+	if img.Base != nil {
+		defer img.Base.Close()
+	}
 	if req.From > img.Size {
 		http.Error(w, fmt.Sprintf("from %d is beyond the image's %d bytes", req.From, img.Size), http.StatusRequestedRangeNotSatisfiable)
 		return
 	}
-	total, err := dataBytes(img.File, req.From, img.Size)
+	var spans []span
+	if img.Base != nil {
+		spans, err = changedSpans(img.File, img.Base, req.From, img.Size)
+	} else {
+		err = extents(img.File, req.From, img.Size, func(start, end int64) error {
+			spans = append(spans, span{start: start, end: end})
+			return nil
+		})
+	}
 	if err != nil {
 		log.Error(err, "Cannot list the image's data")
 		http.Error(w, fmt.Sprintf("listing the data of %s: %v", req.Source, err), http.StatusInternalServerError)
 		return
 	}
+	total := spanBytes(spans)
 	h := w.Header()
 	h.Set("Content-Type", "application/vnd.podvol.transfer")
 	h.Set(headerSize, strconv.FormatInt(img.Size, 10))
 	h.Set(headerIdentity, img.Identity)
 	h.Set(headerData, strconv.FormatInt(total, 10))
+	if img.Base != nil {
+		// What follows is a change of the image the caller holds; without
+		// this header, the image itself.
+		h.Set(headerSince, req.Since)
+	}
+	if img.More {
+		h.Set(headerMore, "true")
+	}
 	w.WriteHeader(http.StatusOK)
-	log.V(2).Info("Serving a pull", "bytes", total)
+	log.V(2).Info("Serving a pull", "bytes", total, "since", req.Since, "changes", img.Base != nil, "more", img.More)
 	fw := newWriter(w)
-	if err := s.stream(r.Context(), img, req.From, fw); err != nil {
+	if err := s.stream(r.Context(), img, spans, fw); err != nil {
 		// The caller may be gone (its context ends the stream); if not, it
 		// learns why the stream ends early.
 		log.Info("A pull ended early", "err", err)
@@ -111,12 +131,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// stream writes the image's data from off: each data extent in chunks, a
-// chunk of zeros as its length alone. Chunks are read and hashed in a
-// goroutine of its own (chunks), up to readDepth ahead of the network.
-func (s *Server) stream(ctx context.Context, img Image, off int64, w *writer) error {
+// stream writes the image's spans: each in chunks, a chunk of zeros as its
+// length alone. Chunks are read and hashed in a goroutine of its own
+// (chunks), up to readDepth ahead of the network.
+func (s *Server) stream(ctx context.Context, img Image, spans []span, w *writer) error {
 	ctx, cancel := context.WithCancel(ctx)
-	in, free := chunks(ctx, img, off)
+	in, free := chunks(ctx, img, spans)
 	defer func() {
 		// The reader stops at its next chunk; the file is closed once
 		// this returns, so wait for it (its sends never block).
@@ -143,7 +163,9 @@ func (s *Server) stream(ctx context.Context, img Image, off int64, w *writer) er
 			}
 			s.sent.Add(c.n)
 		}
-		free <- c.buf
+		if c.buf != nil {
+			free <- c.buf
+		}
 	}
 	return ctx.Err()
 }
@@ -160,13 +182,14 @@ type chunk struct {
 	err    error
 }
 
-// chunks reads img's data extents from off in chunks of at most ChunkSize,
-// each with its checksum (none for zeros), into buffers taken from free,
-// and sends them in order; an error is the last chunk sent. The channel is
-// closed after the last. The receiver gives each chunk's buf back to free;
-// every chunk but the error holds one, so a send never blocks, and waiting
-// for a buffer stops when ctx ends.
-func chunks(ctx context.Context, img Image, off int64) (<-chan chunk, chan<- []byte) {
+// chunks reads img's spans in chunks of at most ChunkSize, each with its
+// checksum (none for zeros), into buffers taken from free, and sends them
+// in order; an error is the last chunk sent. The channel is closed after
+// the last. A hole span is sent as chunks of zeros, unread and without a
+// buffer. The receiver gives each chunk's buf, if any, back to free; every
+// chunk read holds one, so a send never blocks, and waiting for a buffer
+// stops when ctx ends.
+func chunks(ctx context.Context, img Image, spans []span) (<-chan chunk, chan<- []byte) {
 	// Room for every buffer's chunk and the error after them.
 	out := make(chan chunk, readDepth+1)
 	bufs := make(chan []byte, readDepth)
@@ -176,32 +199,46 @@ func chunks(ctx context.Context, img Image, off int64) (<-chan chunk, chan<- []b
 	go func() {
 		defer close(out)
 		fd := int(img.File.Fd())
-		// The pages read are not kept: a snapshot read once for a move
-		// should not push a running pod's data out of the page cache.
-		_ = unix.Fadvise(fd, off, 0, unix.FADV_SEQUENTIAL)
-		err := extents(img.File, off, img.Size, func(start, end int64) error {
-			for pos := start; pos < end; {
-				n := min(end-pos, ChunkSize)
-				var buf []byte
-				select {
-				case buf = <-bufs:
-				case <-ctx.Done():
-					return ctx.Err()
+		if len(spans) > 0 {
+			// The pages read are not kept: a snapshot read once for a
+			// move should not push a running pod's data out of the page
+			// cache.
+			_ = unix.Fadvise(fd, spans[0].start, 0, unix.FADV_SEQUENTIAL)
+		}
+		err := func() error {
+			for _, sp := range spans {
+				for pos := sp.start; pos < sp.end; {
+					n := min(sp.end-pos, ChunkSize)
+					if sp.hole {
+						select {
+						case out <- chunk{pos: pos, n: n, zero: true}:
+						case <-ctx.Done():
+							return ctx.Err()
+						}
+						pos += n
+						continue
+					}
+					var buf []byte
+					select {
+					case buf = <-bufs:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+					b := buf[:n]
+					if _, err := img.File.ReadAt(b, pos); err != nil {
+						return fmt.Errorf("read %d bytes at %d: %w", n, pos, err)
+					}
+					_ = unix.Fadvise(fd, pos, n, unix.FADV_DONTNEED)
+					c := chunk{pos: pos, n: n, buf: buf, zero: bytes.Equal(b, zeros[:n])}
+					if !c.zero {
+						c.sum = checksum(b)
+					}
+					out <- c
+					pos += n
 				}
-				b := buf[:n]
-				if _, err := img.File.ReadAt(b, pos); err != nil {
-					return fmt.Errorf("read %d bytes at %d: %w", n, pos, err)
-				}
-				_ = unix.Fadvise(fd, pos, n, unix.FADV_DONTNEED)
-				c := chunk{pos: pos, n: n, buf: buf, zero: bytes.Equal(b, zeros[:n])}
-				if !c.zero {
-					c.sum = checksum(b)
-				}
-				out <- c
-				pos += n
 			}
 			return nil
-		})
+		}()
 		if err != nil {
 			out <- chunk{err: err}
 		}
@@ -239,16 +276,6 @@ func extents(f *os.File, off, size int64, fn func(start, end int64) error) error
 	return nil
 }
 
-// dataBytes is the size of f's data extents between off and size.
-func dataBytes(f *os.File, off, size int64) (int64, error) {
-	var n int64
-	err := extents(f, off, size, func(start, end int64) error {
-		n += end - start
-		return nil
-	})
-	return n, err
-}
-
 func parseRequest(r *http.Request) (Request, error) {
 	q := r.URL.Query()
 	req := Request{
@@ -260,6 +287,10 @@ func parseRequest(r *http.Request) (Request, error) {
 	}
 	if req.Claim.Namespace == "" || req.Claim.Name == "" || req.Claim.UID == "" {
 		return req, fmt.Errorf("a pull names its claim: namespace, name and uid")
+	}
+	req.Since = q.Get("since")
+	if len(req.Since) > 256 {
+		return req, fmt.Errorf("since is %d bytes long: not an image identity", len(req.Since))
 	}
 	if v := q.Get("from"); v != "" {
 		from, err := strconv.ParseInt(v, 10, 64)
@@ -279,6 +310,8 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, errkind.ErrInvalid):
 		return http.StatusBadRequest
+	case errors.Is(err, errkind.ErrInUse):
+		return http.StatusTooEarly
 	}
 	return http.StatusInternalServerError
 }
@@ -299,6 +332,8 @@ func errorOf(resp *http.Response) error {
 		return fmt.Errorf("%s: %w", msg, errBeyond)
 	case http.StatusBadRequest:
 		return fmt.Errorf("%s: %w", msg, errkind.ErrInvalid)
+	case http.StatusTooEarly:
+		return fmt.Errorf("%s: %w", msg, errkind.ErrInUse)
 	}
 	return errors.New(msg)
 }

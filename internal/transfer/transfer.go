@@ -18,6 +18,14 @@
 // Checkpoint); a pull that stops, on either side, resumes from there as
 // long as the source serves the same image (its Identity).
 //
+// A copy that holds an image whole asks Since it for only what changed: the
+// source sends the extents of its new image whose blocks are not the old
+// one's (reflink snapshots of one volume share what was not written between
+// them; FIEMAP tells) and, as zeros the target punches out, what the old one
+// held and the new one does not. A source still in use serves what it has
+// and says More; the volume's last changes follow once it is not (a
+// migration: the pre-copy while the pod runs, then the rest).
+//
 // The protocol is HTTP/1.1 over TLS 1.3, one GET per pull, the body a
 // stream of frames (wire.go): no code generation, no HTTP/2 flow-control
 // window between the disk and the network.
@@ -73,6 +81,13 @@ type Request struct {
 	Claim Claim
 	// From is the offset to serve from (a resumed pull).
 	From int64
+	// Since is the identity of an image the caller holds whole (an earlier
+	// pull of the same source): only what differs from it is asked for.
+	Since string
+	// Move is set by the Authorizer for a pull that moves a volume in use
+	// (a migration): the source serves what it has while the volume is in
+	// use (Image.More) and the rest once it is not.
+	Move bool
 }
 
 // Image is an image opened for serving. The server closes File.
@@ -87,6 +102,13 @@ type Image struct {
 	// Served, if not nil, is called once the image was sent to its end
 	// (an image cut for one pull may go then).
 	Served func()
+	// Base, if not nil, is the image the request's Since names, still
+	// held by the source: only the extents of File that are not Base's
+	// are sent (changedSpans). The server closes it.
+	Base *os.File
+	// More: the image is not the last one; the caller pulls again, Since
+	// this one, once the source is no longer in use.
+	More bool
 }
 
 // Images opens the image a request's source id names, once it is
@@ -98,9 +120,10 @@ type Images interface {
 
 // Authorizer says whether a request may be served: nil, or an error that
 // wraps errkind.ErrDenied (403) or errkind.ErrNotFound (404); any other
-// error is a 500, which the puller may retry.
+// error is a 500, which the puller may retry. It marks r.Move for a pull
+// that moves a volume in use.
 type Authorizer interface {
-	Authorize(ctx context.Context, r Request) error
+	Authorize(ctx context.Context, r *Request) error
 }
 
 // Checkpoint is how far a pull has got, for the target to keep and give
@@ -113,6 +136,11 @@ type Checkpoint struct {
 	// Verified: every byte before it is on disk (synced) and equal to the
 	// source's.
 	Verified int64
+	// Base is the identity of the image the copy held whole before this
+	// one's changes were applied to it (a pull Since it); empty for a
+	// copy pulled from empty. A Checkpoint with a Base and no Identity is
+	// a copy of Base, whole.
+	Base string
 }
 
 // Progress is reported as a pull goes.
@@ -150,4 +178,13 @@ type Result struct {
 	// Resumed is the offset the pull started from (0: from the start).
 	Resumed  int64
 	Duration time.Duration
+	// More: the source has more to send once what it serves is no longer
+	// in use: pull again with Resume set to Holding(Checkpoint).
+	More bool
+}
+
+// Holding is the checkpoint of a copy that holds the image cp names,
+// whole: the next pull asks only for what changed since.
+func Holding(cp Checkpoint) Checkpoint {
+	return Checkpoint{Base: cp.Identity, Size: cp.Size}
 }

@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 
 	"github.com/podvol/podvol/internal/errkind"
@@ -100,6 +102,10 @@ type files struct {
 	opened int
 	// served counts the images sent to their end.
 	served int
+	// bases are the images kept as bases of changes, by identity; more
+	// the sources served with More.
+	bases map[string]string
+	more  map[string]bool
 }
 
 func (f *files) servedCount() int {
@@ -125,13 +131,48 @@ func (f *files) Open(_ context.Context, r Request) (Image, error) {
 		file.Close()
 		return Image{}, err
 	}
-	st := fi.Sys().(*syscall.Stat_t)
 	served := func() {
 		f.mu.Lock()
 		f.served++
 		f.mu.Unlock()
 	}
-	return Image{File: file, Size: fi.Size(), Identity: fmt.Sprintf("%d:%d", st.Ino, fi.ModTime().UnixNano()), Served: served}, nil
+	img := Image{File: file, Size: fi.Size(), Identity: identity(fi), Served: served}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	img.More = f.more[source]
+	if path, ok := f.bases[r.Since]; ok && r.Since != "" {
+		if img.Base, err = os.Open(path); err != nil {
+			file.Close()
+			return Image{}, err
+		}
+	}
+	return img, nil
+}
+
+func identity(fi os.FileInfo) string {
+	return fmt.Sprintf("%d:%d", fi.Sys().(*syscall.Stat_t).Ino, fi.ModTime().UnixNano())
+}
+
+// keepBase keeps source's image as the base of the changes to come, under
+// its identity, and returns that.
+func (f *files) keepBase(t *testing.T, source string) string {
+	t.Helper()
+	path := filepath.Join(f.dir, source+".img")
+	kept := filepath.Join(f.dir, source+".base.img")
+	if err := os.Rename(path, kept); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.bases == nil {
+		f.bases = map[string]string{}
+	}
+	f.bases[identity(fi)] = kept
+	return identity(fi)
 }
 
 // authz records what it was asked and answers err.
@@ -141,10 +182,10 @@ type authz struct {
 	err  error
 }
 
-func (a *authz) Authorize(_ context.Context, r Request) error {
+func (a *authz) Authorize(_ context.Context, r *Request) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.seen = append(a.seen, r)
+	a.seen = append(a.seen, *r)
 	return a.err
 }
 
@@ -661,4 +702,237 @@ func TestPullStartsAgainWhenTheCheckpointCannotHold(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A copy pulled whole, Since which the source has changed (an extent
+// rewritten, one deleted, one added, one kept), becomes the new image with
+// one more pull: the deleted extent is a hole again in the copy, and the
+// stream says when the source will have more. On a filesystem that shares
+// no blocks (the unit tests' tmpfs) every data extent counts as changed;
+// TestPullSinceSendsOnlyWhatChanged shows what a reflink pool saves.
+func TestPullSinceAppliesChanges(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	kept := random(2 << 20)
+	makeImage(t, filepath.Join(fx.dir, "vol.img"), 64<<20, []extent{{0, random(4 << 20)}, {16 << 20, random(4 << 20)}, {40 << 20, kept}})
+	fx.images.more = map[string]bool{"vol": true}
+	dst, dstPath := openDst(t)
+	first, err := fx.pull(t, "vol", dst).Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !first.More {
+		t.Fatal("the source served More, the pull did not say so")
+	}
+	base := fx.images.keepBase(t, "vol")
+	if first.Identity != base {
+		t.Fatalf("the pull holds %q, the source kept %q", first.Identity, base)
+	}
+	next := filepath.Join(fx.dir, "vol.img")
+	makeImage(t, next, 64<<20, []extent{{0, random(4 << 20)}, {40 << 20, kept}, {50 << 20, random(1 << 20)}})
+	fx.images.more = nil
+	p := fx.pull(t, "vol", dst)
+	p.Resume = Holding(first.Checkpoint)
+	var cps []Checkpoint
+	p.Checkpoint = func(cp Checkpoint) error { cps = append(cps, cp); return nil }
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.More || res.Base != base || res.Verified != 64<<20 {
+		t.Errorf("result %+v, want the new image's whole, changed from %s, no more", res.Checkpoint, base)
+	}
+	if fileSum(t, next) != fileSum(t, dstPath) {
+		t.Fatal("the copy differs from the changed image")
+	}
+	if got, want := allocated(t, dstPath), allocated(t, next); got > want {
+		t.Errorf("the copy holds %d bytes, the image %d: the deleted extent was not given back", got, want)
+	}
+	if res.Zeros < 4<<20 {
+		t.Errorf("%d bytes sent as zeros, want the deleted extent's 4 MiB at least", res.Zeros)
+	}
+	seen := fx.authz.seen[len(fx.authz.seen)-1]
+	if seen.Since != base {
+		t.Errorf("the source was asked since %q, want %q", seen.Since, base)
+	}
+	if len(cps) == 0 || cps[len(cps)-1].Base != base {
+		t.Errorf("checkpoints %+v do not say what the changes apply to", cps)
+	}
+}
+
+// A pull of changes that stops half-way resumes Since the same base from
+// where it stopped; and when the source no longer holds the base (or
+// serves another image), the copy is pulled again whole, never left half
+// changed.
+func TestPullSinceResumesOrStartsAgain(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	makeImage(t, filepath.Join(fx.dir, "vol.img"), 32<<20, []extent{{0, random(8 << 20)}})
+	dst, dstPath := openDst(t)
+	first, err := fx.pull(t, "vol", dst).Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := fx.images.keepBase(t, "vol")
+	next := filepath.Join(fx.dir, "vol.img")
+	makeImage(t, next, 32<<20, []extent{{0, random(8 << 20)}, {16 << 20, random(8 << 20)}})
+	img, err := fx.images.Open(context.Background(), Request{Source: "vol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.File.Close()
+	// As a pull of the changes stopped after 10 MiB would have left it:
+	// the first 10 MiB of the new image over the base.
+	part := make([]byte, 10<<20)
+	src, err := os.Open(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.ReadAt(part, 0); err != nil {
+		t.Fatal(err)
+	}
+	src.Close()
+	if _, err := dst.WriteAt(part, 0); err != nil {
+		t.Fatal(err)
+	}
+	stopped := Checkpoint{Identity: img.Identity, Size: 32 << 20, Verified: 10 << 20, Base: first.Identity}
+
+	p := fx.pull(t, "vol", dst)
+	p.Resume = stopped
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Resumed != 10<<20 || res.Sent != 8<<20 {
+		t.Errorf("resumed at %d sending %d, want 10 MiB and the 8 MiB of data after", res.Resumed, res.Sent)
+	}
+	if fileSum(t, next) != fileSum(t, dstPath) {
+		t.Fatal("the resumed copy differs from the changed image")
+	}
+
+	// The base is gone on the source: the same checkpoint starts again.
+	fx.images.mu.Lock()
+	delete(fx.images.bases, base)
+	fx.images.mu.Unlock()
+	dst2, dstPath2 := openDst(t)
+	if _, err := dst2.WriteAt(part, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst2.Truncate(32 << 20); err != nil {
+		t.Fatal(err)
+	}
+	p = fx.pull(t, "vol", dst2)
+	p.Resume = stopped
+	res, err = p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Resumed != 0 || res.Sent != 16<<20 || res.Base != "" {
+		t.Errorf("resumed at %d sending %d since %q, want the whole image again", res.Resumed, res.Sent, res.Base)
+	}
+	if fileSum(t, next) != fileSum(t, dstPath2) {
+		t.Fatal("the copy pulled again differs from the image")
+	}
+}
+
+// On a reflink filesystem (XFS on a loop device), the changes between two
+// snapshots of one file are what was written between them: 1 MiB
+// rewritten and 2 MiB deleted of 32 MiB move as 1 MiB of data and 2 MiB
+// of zeros.
+func TestPullSinceSendsOnlyWhatChanged(t *testing.T) {
+	dir := xfsReflink(t)
+	fx := newFixture(t, nil, nil)
+	fx.images.dir = dir
+	live := filepath.Join(dir, "live.img")
+	makeImage(t, live, 64<<20, []extent{{0, random(32 << 20)}})
+	snapshot := func() {
+		t.Helper()
+		path := filepath.Join(dir, "vol.img")
+		src, err := os.Open(live)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close()
+		dst, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dst.Close()
+		if err := unix.IoctlFileClone(int(dst.Fd()), int(src.Fd())); err != nil {
+			t.Fatalf("reflink: %v", err)
+		}
+	}
+	snapshot()
+	dst, dstPath := openDst(t)
+	first, err := fx.pull(t, "vol", dst).Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx.images.keepBase(t, "vol")
+	f, err := os.OpenFile(live, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(random(1<<20), 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 10<<20, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	snapshot()
+	p := fx.pull(t, "vol", dst)
+	p.Resume = Holding(first.Checkpoint)
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Sent != 1<<20 || res.Zeros != 2<<20 {
+		t.Errorf("sent %d bytes of data and %d of zeros, want 1 MiB and 2 MiB", res.Sent, res.Zeros)
+	}
+	if fileSum(t, filepath.Join(dir, "vol.img")) != fileSum(t, dstPath) {
+		t.Fatal("the copy differs from the second snapshot")
+	}
+}
+
+// xfsReflink mounts an XFS filesystem with reflink on a loop device for
+// the length of the test.
+func xfsReflink(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: an XFS filesystem on a loop device shows what reflinks share")
+	}
+	img := filepath.Join(t.TempDir(), "xfs.img")
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(512 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.xfs: %v: %s", err, out)
+	}
+	dir := t.TempDir()
+	out, err := exec.Command("losetup", "--find", "--show", img).Output()
+	if err != nil {
+		t.Fatalf("losetup: %v", err)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		if out, err := exec.Command("losetup", "-d", loop).CombinedOutput(); err != nil {
+			t.Errorf("detach %s: %v: %s", loop, err, out)
+		}
+	})
+	if err := unix.Mount(loop, dir, "xfs", 0, ""); err != nil {
+		t.Fatalf("mount %s: %v", loop, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
 }

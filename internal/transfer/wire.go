@@ -53,6 +53,10 @@ const (
 	headerSize     = "Podvol-Image-Size"
 	headerIdentity = "Podvol-Image-Identity"
 	headerData     = "Podvol-Data-Bytes"
+	// headerSince echoes the request's since when the stream is a change
+	// of that image; headerMore says the source will have more.
+	headerSince = "Podvol-Since"
+	headerMore  = "Podvol-More"
 )
 
 // frame is a decoded frame.
