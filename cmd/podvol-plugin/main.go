@@ -28,11 +28,11 @@ import (
 	"github.com/podvol/podvol/internal/keylock"
 	"github.com/podvol/podvol/internal/metrics"
 	"github.com/podvol/podvol/internal/metricsauth"
+	"github.com/podvol/podvol/internal/mobility"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/registration"
-	"github.com/podvol/podvol/internal/store"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -272,7 +272,7 @@ func run(c config) error {
 	}
 	dc := driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, InlinePools: c.inlinePools, Decider: decider}
 	var transfers func() metrics.TransferStats
-	var serveTransfers func(cut func(string, store.Claim) (*pool.Pool, *store.Snapshot, error))
+	var serveTransfers func(mobility.Images)
 	if c.transferAddr == "" {
 		for _, p := range opened {
 			if vols, err := p.Importing(); err == nil && len(vols) > 0 {
@@ -293,7 +293,7 @@ func run(c config) error {
 	}
 	d := driver.New(dc)
 	if serveTransfers != nil {
-		serveTransfers(d.CutForTransfer)
+		serveTransfers(mobility.Images{Cut: d.CutForTransfer, Move: d.CutForMove})
 	}
 	var observe driver.Observer
 	if c.metricsAddr != "" {

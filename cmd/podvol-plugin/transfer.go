@@ -16,7 +16,6 @@ import (
 	"github.com/podvol/podvol/internal/mobility"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
-	"github.com/podvol/podvol/internal/store"
 	"github.com/podvol/podvol/internal/transfer"
 	"github.com/podvol/podvol/internal/transfercert"
 )
@@ -24,8 +23,9 @@ import (
 // startTransfers returns the Importer that pulls restores and clones of
 // other nodes' snapshots and volumes (--transfer-address), and serve, which
 // serves this node's to other nodes' plugins, their volumes snapshotted by
-// cut (the driver's, made with the Importer).
-func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pools []*pool.Pool) (im *mobility.Importer, srv *transfer.Server, serve func(cut func(string, store.Claim) (*pool.Pool, *store.Snapshot, error)), err error) {
+// the driver's Cut and Move of images (the driver is made with the
+// Importer).
+func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pools []*pool.Pool) (im *mobility.Importer, srv *transfer.Server, serve func(images mobility.Images), err error) {
 	if kc == nil {
 		return nil, nil, nil, errors.New("--transfer-address needs API access (in a pod, or --kubeconfig): certificates, claims and node addresses come from it")
 	}
@@ -70,8 +70,9 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("listen on %s for transfers: %w", c.transferAddr, err)
 	}
-	serve = func(cut func(string, store.Claim) (*pool.Pool, *store.Snapshot, error)) {
-		srv.Images = mobility.Images{Pool: func(name string) (*pool.Pool, bool) { p, ok := byName[name]; return p, ok }, Cut: cut}
+	serve = func(images mobility.Images) {
+		images.Pool = func(name string) (*pool.Pool, bool) { p, ok := byName[name]; return p, ok }
+		srv.Images = images
 		go func() {
 			if err := transfer.Serve(ctx, lis, creds, srv); err != nil {
 				klog.ErrorS(err, "The transfer server failed: other nodes cannot pull from this one")

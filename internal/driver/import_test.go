@@ -83,7 +83,7 @@ func TestRestoreOfAnotherNodesSnapshot(t *testing.T) {
 
 	// Ready: the next retry returns it, its source naming node-2.
 	p := f.pool("")
-	if err := p.RecordImport(v.ID, "id", 32<<20, 32<<20); err != nil {
+	if err := p.RecordImport(v.ID, "id", "", 32<<20, 32<<20); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.FinishImport(ctx, v.ID); err != nil {
@@ -209,5 +209,38 @@ func TestCutForTransfer(t *testing.T) {
 	other := store.Claim{Namespace: "team-a", Name: "other", UID: "0b1c2d3e-0000-4000-8000-00000000000a"}
 	if _, _, err := f.d.CutForTransfer("pv-0123456789abcdef0123456f", other); !errors.Is(err, errkind.ErrNotFound) {
 		t.Fatalf("cut of a volume this node does not hold: %v, want not found", err)
+	}
+}
+
+// A migration's pull reads the pre-copy's snapshot while the volume is
+// staged and the final one once it is not; after the final one is cut the
+// volume is not staged here again (a write would not follow it) until that
+// snapshot is gone.
+func TestCutForMove(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	id, staging := f.createStaged(nil)
+	claim := store.Claim{Namespace: "team-a", Name: "data-moving", UID: "0b1c2d3e-0000-4000-8000-00000000000b"}
+	p, first, final, err := f.d.CutForMove(id, claim)
+	if err != nil || final || first.Name != pool.TransferSnapshotName(claim.UID) {
+		t.Fatalf("cut of a staged volume: %+v, final %v, %v: want the pre-copy's", first, final, err)
+	}
+	if _, err := f.d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	_, last, final, err := f.d.CutForMove(id, claim)
+	if err != nil || !final || last.Name != pool.FinalTransferSnapshotName(claim.UID) {
+		t.Fatalf("cut of an unstaged volume: %+v, final %v, %v: want the final one", last, final, err)
+	}
+	_, err = f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwop()})
+	wantCode(t, err, codes.FailedPrecondition, "stage after the final cut")
+	if !strings.Contains(err.Error(), "being moved to another node") {
+		t.Errorf("the refusal does not say why: %v", err)
+	}
+	if err := p.DeleteSnapshot(last.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwop()}); err != nil {
+		t.Fatalf("stage once the migration's final snapshot is gone: %v", err)
 	}
 }

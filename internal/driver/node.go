@@ -63,6 +63,14 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, err
 	}
 	defer d.locks.Lock(req.GetVolumeId())()
+	// A migration has cut the volume's last data for another node: a write
+	// here now would not follow it.
+	if s, err := pl.Pool.MovedBy(req.GetVolumeId()); err != nil {
+		return nil, toStatus(err)
+	} else if s != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is being moved to another node (its final data was cut for claim %s/%s, snapshot %s): it is not staged here again; "+
+			"its claim is re-made on the new node, or, if the migration is cancelled, this volume may be staged once that snapshot is deleted", req.GetVolumeId(), s.For.Namespace, s.For.Name, s.ID)
+	}
 	err = pl.Node.Stage(ctx, node.StageRequest{
 		VolumeID:    req.GetVolumeId(),
 		StagingPath: req.GetStagingTargetPath(),

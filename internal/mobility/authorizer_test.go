@@ -83,7 +83,7 @@ func TestClaimAuthorizer(t *testing.T) {
 			}
 			a := ClaimAuthorizer{Client: fake.NewClientset(core...), Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme(), c.objs...),
 				Node: "node-a", Driver: names.Driver}
-			err := a.Authorize(context.Background(), c.req)
+			err := a.Authorize(context.Background(), &c.req)
 			if c.kind == nil {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -151,7 +151,7 @@ func TestClaimAuthorizerClones(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			a := ClaimAuthorizer{Client: fake.NewClientset(c.objs...), Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()),
 				Node: "node-a", Driver: names.Driver}
-			err := a.Authorize(context.Background(), req)
+			err := a.Authorize(context.Background(), &req)
 			if c.kind == nil {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -165,6 +165,49 @@ func TestClaimAuthorizerClones(t *testing.T) {
 			}
 			if !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.message) {
 				t.Fatalf("%v, want %v saying %q", err, c.kind, c.message)
+			}
+		})
+	}
+}
+
+// A clone's pull is a migration's (Move) only when the PV it copies says
+// so, naming the caller as the target and the claim the pull is for:
+// podvol-controller's marks, on an object no tenant writes.
+func TestClaimAuthorizerMoves(t *testing.T) {
+	const vol = "pv-0123456789abcdef01234567"
+	for _, c := range []struct {
+		name        string
+		annotations map[string]string
+		move        bool
+	}{
+		{"marked", map[string]string{names.MigrationTarget: "node-b", names.MigrationClaim: "team-a/data-moving"}, true},
+		{"not marked", nil, false},
+		{"for another node", map[string]string{names.MigrationTarget: "node-c", names.MigrationClaim: "team-a/data-moving"}, false},
+		{"for another claim", map[string]string{names.MigrationTarget: "node-b", names.MigrationClaim: "team-a/other"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			objs := []runtime.Object{
+				&corev1.PersistentVolumeClaim{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "data-moving", UID: "u1", Annotations: map[string]string{
+						names.SelectedNode: "node-b", storageProvisioner: names.Driver, names.Placement: names.PlacementScheduler}},
+					Spec: corev1.PersistentVolumeClaimSpec{DataSource: &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "data"}},
+				},
+				&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "data", UID: "src-uid"},
+					Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pv-data"}},
+				&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-data", Annotations: c.annotations}, Spec: corev1.PersistentVolumeSpec{
+					PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: names.Driver, VolumeHandle: vol}},
+					ClaimRef:               &corev1.ObjectReference{Namespace: "team-a", Name: "data", UID: "src-uid"},
+					NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+						MatchExpressions: []corev1.NodeSelectorRequirement{{Key: names.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"node-a"}}}}}}},
+				}},
+			}
+			a := ClaimAuthorizer{Client: fake.NewClientset(objs...), Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), Node: "node-a", Driver: names.Driver}
+			req := transfer.Request{Caller: "node-b", Source: vol, Claim: transfer.Claim{Namespace: "team-a", Name: "data-moving", UID: "u1"}}
+			if err := a.Authorize(context.Background(), &req); err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			if req.Move != c.move {
+				t.Errorf("Move %v, want %v", req.Move, c.move)
 			}
 		})
 	}

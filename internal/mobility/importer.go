@@ -90,6 +90,11 @@ type job struct {
 	progress           transfer.Progress
 	attempts           int
 	last               error
+	// waiting: a migration's pre-copy is done, the source's volume still
+	// in use (why, from the source).
+	waiting error
+	// copied: bytes pulled in earlier rounds of a migration.
+	copied int64
 }
 
 // Start gives the Importer the context its pulls run in (the plugin's) and
@@ -145,6 +150,9 @@ func (j *job) status() string {
 		msg += ": starting"
 	}
 	msg += fmt.Sprintf(" (for %s)", time.Since(j.started).Round(time.Second))
+	if j.waiting != nil {
+		msg += fmt.Sprintf("; a first copy (%s) is done, the rest follows once no pod uses the source volume on node %s", humanBytes(j.copied), j.node)
+	}
 	if j.last != nil {
 		msg += fmt.Sprintf("; attempt %d failed, retrying: %v", j.attempts, j.last)
 	}
@@ -177,11 +185,34 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 		im.mu.Unlock()
 	}()
 	for {
-		err := im.pull(ctx, p, v.ID, j)
+		res, err := im.pull(ctx, p, v.ID, j)
 		if errors.Is(err, errNotImporting) {
 			// Made ready by an earlier job (this one was started by a
 			// CreateVolume that read the record just before), or deleted.
 			return
+		}
+		if err == nil && res.More {
+			// A migration's pre-copy: the volume is still in use on its
+			// node. What changes until it is not comes next.
+			if err = p.RecordImport(v.ID, "", res.Identity, res.Size, 0); err == nil {
+				im.mu.Lock()
+				j.copied += res.Sent
+				im.mu.Unlock()
+				log.Info("Pulled a first copy of a volume in use; the rest follows once it is not", "bytes", res.Sent, "duration", res.Duration.Round(time.Millisecond))
+				continue
+			}
+		}
+		if errors.Is(err, errkind.ErrInUse) {
+			// The source's volume is still used by a pod: not a failure.
+			im.mu.Lock()
+			j.waiting, j.last = err, nil
+			im.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(inUsePoll):
+			}
+			continue
 		}
 		if err == nil {
 			// The claim was checked when the pull began, which may have
@@ -190,7 +221,7 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 			if err = im.claimStands(ctx, v); err == nil {
 				if _, err = p.FinishImport(ctx, v.ID); err == nil {
 					im.done.Add(1)
-					log.Info("Pulled a volume's data", "duration", time.Since(j.started).Round(time.Millisecond), "bytes", j.progress.Done)
+					log.Info("Pulled a volume's data", "duration", time.Since(j.started).Round(time.Millisecond), "bytes", j.copied+res.Sent, "changesSince", res.Base)
 					return
 				}
 			}
@@ -288,18 +319,18 @@ func (im *Importer) claimStands(ctx context.Context, v *store.Volume) error {
 	return nil
 }
 
-func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) error {
+func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) (transfer.Result, error) {
 	f, v, err := p.ImportImage(id)
 	if errors.Is(err, errkind.ErrConflict) || errors.Is(err, errkind.ErrNotFound) {
-		return fmt.Errorf("volume %s: %w (%w)", id, errNotImporting, err)
+		return transfer.Result{}, fmt.Errorf("volume %s: %w (%w)", id, errNotImporting, err)
 	}
 	if err != nil {
-		return err
+		return transfer.Result{}, err
 	}
 	defer f.Close()
 	addr, err := im.Resolver.Address(ctx, v.Source.Node)
 	if err != nil {
-		return err
+		return transfer.Result{}, err
 	}
 	imp := v.Import
 	im.mu.Lock()
@@ -310,9 +341,9 @@ func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) e
 		Address: addr, Source: v.Source.ID,
 		Claim:  transfer.Claim{Namespace: imp.ClaimNamespace, Name: imp.ClaimName, UID: imp.ClaimUID},
 		Dst:    f,
-		Resume: transfer.Checkpoint{Identity: imp.Identity, Size: imp.Size, Verified: imp.Verified},
+		Resume: transfer.Checkpoint{Identity: imp.Identity, Size: imp.Size, Verified: imp.Verified, Base: imp.Base},
 		Checkpoint: func(cp transfer.Checkpoint) error {
-			return p.RecordImport(id, cp.Identity, cp.Size, cp.Verified)
+			return p.RecordImport(id, cp.Identity, cp.Base, cp.Size, cp.Verified)
 		},
 		Progress: func(pr transfer.Progress) {
 			im.mu.Lock()
@@ -321,13 +352,17 @@ func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) e
 				im.pulled.Add(d)
 			}
 			j.progress = pr
+			j.waiting = nil
 			im.mu.Unlock()
 		},
 		SyncEvery: im.SyncEvery,
 	}
-	_, err = pl.Run(ctx)
-	return err
+	return pl.Run(ctx)
 }
+
+// inUsePoll is how often a migration's target asks whether the source's
+// volume is free for the last of its data.
+const inUsePoll = 3 * time.Second
 
 // humanBytes is n for a person: MiB below a GiB, GiB above.
 func humanBytes(n int64) string {

@@ -16,6 +16,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,9 +82,22 @@ func (s staticResolver) Address(_ context.Context, node string) (string, error) 
 	return "", fmt.Errorf("no node %s", node)
 }
 
-type authorizer struct{ err error }
+// authorizer answers err, marks requests Move if move, and keeps what it
+// was asked.
+type authorizer struct {
+	err  error
+	move bool
+	mu   sync.Mutex
+	seen []transfer.Request
+}
 
-func (a *authorizer) Authorize(context.Context, transfer.Request) error { return a.err }
+func (a *authorizer) Authorize(_ context.Context, r *transfer.Request) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r.Move = a.move
+	a.seen = append(a.seen, *r)
+	return a.err
+}
 
 func openPool(t *testing.T) *pool.Pool {
 	t.Helper()
@@ -107,6 +122,8 @@ type nodes struct {
 	data     []byte
 	authz    *authorizer
 	im       *Importer
+	// inUse: the source volume is staged (for Move).
+	inUse atomic.Bool
 }
 
 func setup(t *testing.T) *nodes {
@@ -147,6 +164,16 @@ func setup(t *testing.T) *nodes {
 				Cut: func(id string, c store.Claim) (*pool.Pool, *store.Snapshot, error) {
 					s, err := n.src.CreateSnapshot(pool.SnapshotRequest{Name: pool.TransferSnapshotName(c.UID), SourceID: id, For: &c})
 					return n.src, s, err
+				},
+				// The driver's CutForMove, with "staged" a flag.
+				Move: func(id string, c store.Claim) (*pool.Pool, *store.Snapshot, bool, error) {
+					final := !n.inUse.Load()
+					name := pool.TransferSnapshotName(c.UID)
+					if final {
+						name = pool.FinalTransferSnapshotName(c.UID)
+					}
+					s, err := n.src.CreateSnapshot(pool.SnapshotRequest{Name: name, SourceID: id, For: &c})
+					return n.src, s, final, err
 				}},
 			Authorizer: n.authz,
 		})
@@ -303,7 +330,7 @@ func TestImportResumesAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	img.File.Close()
-	if err := n.dst.RecordImport(v.ID, img.Identity, img.Size, 1<<20); err != nil {
+	if err := n.dst.RecordImport(v.ID, img.Identity, "", img.Size, 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	n.im.Start(context.Background(), []*pool.Pool{n.dst})
@@ -466,5 +493,80 @@ func TestSweeperDeletesWhatNoClaimNeeds(t *testing.T) {
 	}
 	if _, err := p.ReadySnapshot(own.ID); err != nil {
 		t.Errorf("a VolumeSnapshot's snapshot was swept: %v", err)
+	}
+}
+
+// A migration's pull copies the volume while it is in use, waits, saying
+// so, until it is not, then pulls what changed since its first copy: the
+// copy is the volume as it was last written, and the source keeps both
+// snapshots for the sweep (a resumed pull needs them).
+func TestImportMovesAVolumeInUse(t *testing.T) {
+	n := setup(t)
+	n.authz.move = true
+	n.inUse.Store(true)
+	v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: "moved", SizeBytes: 64 << 20, FsType: "ext4",
+		Source: &store.Source{Kind: store.FromVolume, ID: n.vol.ID, Node: "node-a"},
+		Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "moved", ClaimUID: "uid-moved"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for said := ""; !strings.Contains(said, "the rest follows once no pod uses the source volume on node node-a"); said = n.im.Ensure(n.dst, v) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first copy never said it waits: %q", said)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rec, err := n.dst.Store().Volume(v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != store.Importing || rec.Import.Base == "" || rec.Import.Identity != "" {
+		t.Fatalf("after the first copy the volume is %s with import %+v, want importing, holding the first copy", rec.State, rec.Import)
+	}
+	// The pod writes on, then lets go.
+	later := make([]byte, 3<<20)
+	if _, err := rand.Read(later); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(n.src.ImagePath(n.vol.ID), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(later, 40<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	n.inUse.Store(false)
+	got, said := n.wait(t, v)
+	if got == nil {
+		t.Fatalf("the move was given up: %v (%v)", n.im.Failed("moved"), said)
+	}
+	img, err := os.ReadFile(n.dst.ImagePath(v.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(n.src.ImagePath(n.vol.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(img, src) {
+		t.Fatal("the moved image is not the volume as last written")
+	}
+	n.authz.mu.Lock()
+	last := n.authz.seen[len(n.authz.seen)-1]
+	n.authz.mu.Unlock()
+	if last.Since != rec.Import.Base {
+		t.Errorf("the last pull asked since %q, want the first copy %q", last.Since, rec.Import.Base)
+	}
+	left, err := n.src.TransferSnapshots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 2 {
+		t.Errorf("%d snapshots cut for the move left on the source, want the first and the final one for the sweep", len(left))
+	}
+	if s, err := n.src.MovedBy(n.vol.ID); err != nil || s == nil {
+		t.Errorf("MovedBy: %v, %v: want the final snapshot", s, err)
 	}
 }

@@ -36,6 +36,10 @@ type Images struct {
 	// first time (the driver's CutForTransfer); nil: volumes are not
 	// served.
 	Cut func(id string, claim store.Claim) (*pool.Pool, *store.Snapshot, error)
+	// Move returns the snapshot of volume id that a migration's pull for
+	// claim reads, and whether it is the last (the driver's CutForMove);
+	// nil: volumes are not moved.
+	Move func(id string, claim store.Claim) (*pool.Pool, *store.Snapshot, bool, error)
 }
 
 func (im Images) Open(_ context.Context, r transfer.Request) (transfer.Image, error) {
@@ -51,6 +55,8 @@ func (im Images) Open(_ context.Context, r transfer.Request) (transfer.Image, er
 			return transfer.Image{}, err
 		}
 		return open(p, s, nil)
+	case pool.ValidID(r.Source) && r.Move && im.Move != nil:
+		return im.move(r)
 	case pool.ValidID(r.Source) && im.Cut != nil:
 		p, s, err := im.Cut(r.Source, store.Claim{Namespace: r.Claim.Namespace, Name: r.Claim.Name, UID: r.Claim.UID})
 		if err != nil {
@@ -66,6 +72,51 @@ func (im Images) Open(_ context.Context, r transfer.Request) (transfer.Image, er
 		return open(p, s, served)
 	}
 	return transfer.Image{}, fmt.Errorf("%q is not a snapshot or volume id this node serves: %w", r.Source, errkind.ErrNotFound)
+}
+
+// move serves a migration: while the volume is in use, the snapshot cut
+// for the pre-copy, with More (a pull that already holds it is told to
+// come back: errkind.ErrInUse); once it is not, the final snapshot, only
+// what changed since the pre-copy's if the caller holds that. Neither is
+// deleted when sent: a pull of the last changes needs the first, a resumed
+// one its own; Sweeper deletes them once the claim is bound.
+func (im Images) move(r transfer.Request) (transfer.Image, error) {
+	claim := store.Claim{Namespace: r.Claim.Namespace, Name: r.Claim.Name, UID: r.Claim.UID}
+	p, s, final, err := im.Move(r.Source, claim)
+	if err != nil {
+		return transfer.Image{}, fmt.Errorf("snapshot volume %s for the migration of claim %s: %w", r.Source, r.Claim, err)
+	}
+	if !final {
+		img, err := open(p, s, nil)
+		if err != nil {
+			return img, err
+		}
+		if r.Since != "" {
+			img.File.Close()
+			return transfer.Image{}, fmt.Errorf("volume %s is in use on this node: the rest of its data is sent once no pod uses it: %w", r.Source, errkind.ErrInUse)
+		}
+		img.More = true
+		return img, nil
+	}
+	img, err := open(p, s, nil)
+	if err != nil || r.Since == "" {
+		return img, err
+	}
+	first, err := p.Store().SnapshotByName(pool.TransferSnapshotName(claim.UID))
+	if err != nil || first.State != store.Ready || first.SourceID != r.Source {
+		// The pre-copy's snapshot is gone: the final one goes whole.
+		return img, nil
+	}
+	base, err := open(p, first, nil)
+	if err != nil {
+		return img, nil
+	}
+	if base.Identity != r.Since {
+		base.File.Close()
+		return img, nil
+	}
+	img.Base = base.File
+	return img, nil
 }
 
 // open opens snapshot s of p for serving.
@@ -115,7 +166,7 @@ type ClaimAuthorizer struct {
 	Node, Driver string
 }
 
-func (a ClaimAuthorizer) Authorize(ctx context.Context, r transfer.Request) error {
+func (a ClaimAuthorizer) Authorize(ctx context.Context, r *transfer.Request) error {
 	pvc, err := a.Client.CoreV1().PersistentVolumeClaims(r.Claim.Namespace).Get(ctx, r.Claim.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("claim %s does not exist: %w", r.Claim, errkind.ErrNotFound)
@@ -147,6 +198,9 @@ func (a ClaimAuthorizer) Authorize(ctx context.Context, r transfer.Request) erro
 		if pv.Spec.CSI.VolumeHandle != r.Source || topology.Node(pv) != a.Node {
 			return fmt.Errorf("claim %s clones volume %s of node %q, not %s of node %s: %w", r.Claim, pv.Spec.CSI.VolumeHandle, topology.Node(pv), r.Source, a.Node, errkind.ErrDenied)
 		}
+		// podvol-controller's migration marks the PV it moves with the
+		// target and the claim it made there (a tenant cannot write PVs).
+		r.Move = pv.Annotations[names.MigrationTarget] == r.Caller && pv.Annotations[names.MigrationClaim] == r.Claim.String()
 		return nil
 	}
 	ref := dataSource(pvc)

@@ -53,6 +53,35 @@ const (
 	PlacementScheduler = "scheduler"
 )
 
+// Migration on drain (podvol-controller's migration). A claim annotated
+// MigrateOnDrain "true", or of a class whose parameter
+// ParamMigrateOnDrain is "true", keeps its data when its node is drained.
+// The PV being moved records the migration: the node it goes to, the claim
+// made there to copy it ("namespace/name": a clone of the claim,
+// MigrationOf naming the claim's UID), and its phase; the stash of the
+// claim re-made on the target is in podvol-controller's namespace.
+const (
+	MigrateOnDrain      = "podvol.io/migrate-on-drain"
+	ParamMigrateOnDrain = "migrateOnDrain"
+	MigrationTarget     = "podvol.io/migration-target"
+	MigrationClaim      = "podvol.io/migration-claim"
+	MigrationPhase      = "podvol.io/migration-phase"
+	MigrationStarted    = "podvol.io/migration-started"
+	// MigrationReclaim keeps a PV's reclaim policy while the migration
+	// holds it at Retain.
+	MigrationReclaim = "podvol.io/migration-reclaim-policy"
+	MigrationOf      = "podvol.io/migration-of"
+	// MigratedFrom on the new PV names the PV it replaces.
+	MigratedFrom = "podvol.io/migrated-from"
+)
+
+// Phases of a migration, on the PV being moved.
+const (
+	MigrationCopying   = "Copying"
+	MigrationSwitching = "Switching"
+	MigrationSwitched  = "Switched"
+)
+
 // Annotations and labels of podvol-controller's clone-lifecycle: a claim
 // that is an ephemeral clone (Lifecycle: ResetOnDetach), its state, and the
 // stash of a reset in the controller's namespace.

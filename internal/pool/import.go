@@ -71,8 +71,10 @@ func (p *Pool) ImportImage(id string) (*os.File, *store.Volume, error) {
 	return f, v, nil
 }
 
-// RecordImport keeps a pull's checkpoint, so that a restart resumes it.
-func (p *Pool) RecordImport(id, identity string, size, verified int64) error {
+// RecordImport keeps a pull's checkpoint, so that a restart resumes it:
+// the image being pulled, its size, how far it is verified, and the image
+// the copy held whole before, if the pull brings only its changes.
+func (p *Pool) RecordImport(id, identity, base string, size, verified int64) error {
 	if size > 0 {
 		if v, err := p.importing(id); err == nil && size > v.SizeBytes {
 			return fmt.Errorf("the source's image is %d bytes, more than volume %s's %d: %w", size, id, v.SizeBytes, errkind.ErrOutOfRange)
@@ -82,7 +84,7 @@ func (p *Pool) RecordImport(id, identity string, size, verified int64) error {
 		if v.State != store.Importing || v.Import == nil {
 			return fmt.Errorf("volume %s is %s, not importing: %w", id, v.State, errkind.ErrConflict)
 		}
-		v.Import.Identity, v.Import.Size, v.Import.Verified = identity, size, verified
+		v.Import.Identity, v.Import.Base, v.Import.Size, v.Import.Verified = identity, base, size, verified
 		return nil
 	})
 	return err

@@ -119,6 +119,9 @@ type Import struct {
 	Identity string `json:"identity,omitempty"`
 	Size     int64  `json:"size,omitempty"`
 	Verified int64  `json:"verified,omitempty"`
+	// Base is the image the copy held whole before Identity's changes
+	// (a migration's pre-copy); with no Identity, the copy is Base.
+	Base string `json:"base,omitempty"`
 }
 
 // Stage records a NodeStageVolume: the loop device and, for filesystem
