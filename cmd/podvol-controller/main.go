@@ -29,6 +29,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/clonelifecycle"
 	"github.com/podvol/podvol/internal/controller/ephemeral"
 	"github.com/podvol/podvol/internal/controller/grouprouting"
+	"github.com/podvol/podvol/internal/controller/migration"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
 	"github.com/podvol/podvol/internal/controller/sourceplacement"
@@ -53,7 +54,7 @@ func main() {
 		healthAddr  = flag.String("health-address", "127.0.0.1:9810", "address of /healthz and /readyz")
 		leaderElect = flag.Bool("leader-elect", true, "run one active instance (a Lease in --leader-election-namespace)")
 		leaseNS     = flag.String("leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader election Lease")
-		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import,group-snapshot-routing,source-placement,transfer-signer", "controllers to run")
+		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import,group-snapshot-routing,source-placement,transfer-signer,migration", "controllers to run")
 		driver      = flag.String("driver", names.Driver, "CSI driver whose volumes node-loss releases, whose StorageClasses the admission policies check and whose restores and clones source-placement places")
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
 			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released (never less than the Lease's own duration, 40s by default); a renewal seen after the deletion means the node lives, and nothing is released")
@@ -180,9 +181,16 @@ func run(c runConfig) error {
 			}
 			err = (&transfersigner.Reconciler{Client: mgr.GetClient(), Namespace: c.leaseNS,
 				NodeUser: serviceaccount.MakeUsername(c.leaseNS, c.nodeServiceAccount)}).SetupWithManager(mgr)
+		case "migration":
+			if !c.transfers {
+				// Its copies are pulls between the nodes' plugins.
+				klog.InfoS("Not running migration: it needs --transfers (the plugins pull volumes from each other)")
+				continue
+			}
+			err = (&migration.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver, StashNamespace: c.leaseNS}).SetupWithManager(mgr)
 		case "":
 		default:
-			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import, group-snapshot-routing, source-placement, transfer-signer)", name)
+			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import, group-snapshot-routing, source-placement, transfer-signer, migration)", name)
 		}
 		if err != nil {
 			return fmt.Errorf("set up %s: %w", name, err)

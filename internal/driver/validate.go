@@ -19,13 +19,14 @@ import (
 const maxPathLength = 4096
 
 // allowedParams are the StorageClass parameters podvol reads.
-var allowedParams = []string{names.ParamFsType, names.ParamDirectAssign, names.ParamFsGroupChangePolicy, names.ParamReleaseOnNodeLoss, names.ParamPool}
+var allowedParams = []string{names.ParamFsType, names.ParamDirectAssign, names.ParamFsGroupChangePolicy, names.ParamReleaseOnNodeLoss, names.ParamPool, names.ParamMigrateOnDrain}
 
 // allowedValues restricts parameters whose values are a fixed set.
 var allowedValues = map[string][]string{
 	names.ParamDirectAssign:        {"never", "always", "auto"},
 	names.ParamFsGroupChangePolicy: {"Always", "OnRootMismatch"},
 	names.ParamReleaseOnNodeLoss:   {"true", "false"},
+	names.ParamMigrateOnDrain:      {"true", "false"},
 }
 
 const sidecarPrefix = "csi.storage.k8s.io/"

@@ -73,7 +73,7 @@ func TestVolumeParameters(t *testing.T) {
 		t.Fatalf("got %v, %v", got, err)
 	}
 	_, err = volumeParameters(map[string]string{"b": "1", "a": "2"})
-	if status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != "unknown parameters a, b (allowed: fsType, directAssign, fsGroupChangePolicy, releaseOnNodeLoss, pool, and any csi.storage.k8s.io/* key)" {
+	if status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != "unknown parameters a, b (allowed: fsType, directAssign, fsGroupChangePolicy, releaseOnNodeLoss, pool, migrateOnDrain, and any csi.storage.k8s.io/* key)" {
 		t.Fatalf("unknown keys: %v", err)
 	}
 	_, err = volumeParameters(map[string]string{"directAssign": "sometimes"})

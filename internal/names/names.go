@@ -67,6 +67,8 @@ const (
 	MigrationClaim      = "podvol.io/migration-claim"
 	MigrationPhase      = "podvol.io/migration-phase"
 	MigrationStarted    = "podvol.io/migration-started"
+	// MigrationVolume names the PV of the copy, once it is bound.
+	MigrationVolume = "podvol.io/migration-volume"
 	// MigrationReclaim keeps a PV's reclaim policy while the migration
 	// holds it at Retain.
 	MigrationReclaim = "podvol.io/migration-reclaim-policy"

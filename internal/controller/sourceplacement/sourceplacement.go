@@ -3,7 +3,6 @@ package sourceplacement
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -17,8 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
-	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -573,49 +570,11 @@ func (r *Reconciler) unfitPods(ctx context.Context, pvc *corev1.PersistentVolume
 		if !uses(pod, pvc) {
 			continue
 		}
-		if why := cannotRun(log.FromContext(ctx), pod, node); len(why) > 0 {
+		if why := topology.CannotRun(log.FromContext(ctx), pod, node); len(why) > 0 {
 			unfit = append(unfit, unfitPod{pod, strings.Join(why, "; ")})
 		}
 	}
 	return unfit, nil
-}
-
-// cannotRun says why kube-scheduler would not put the pod on the node (or
-// why a pod bound to another node cannot be there), as its NodeName,
-// NodeUnschedulable, TaintToleration and NodeAffinity filters judge; none
-// when it could.
-func cannotRun(logger klog.Logger, pod *corev1.Pod, node *corev1.Node) []string {
-	if pod.Spec.NodeName != "" {
-		if pod.Spec.NodeName != node.Name {
-			return []string{fmt.Sprintf("it is bound to node %s (spec.nodeName)", pod.Spec.NodeName)}
-		}
-		return nil
-	}
-	tolerated := func(t *corev1.Taint) bool {
-		return slices.ContainsFunc(pod.Spec.Tolerations, func(tol corev1.Toleration) bool {
-			// Lt and Gt are compared where the API server admits
-			// them.
-			return tol.ToleratesTaint(logger, t, true)
-		})
-	}
-	var why []string
-	cordoned := node.Spec.Unschedulable
-	if cordoned && !tolerated(&corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}) {
-		why = append(why, "the node is cordoned (unschedulable: drained or being drained)")
-	}
-	for i := range node.Spec.Taints {
-		t := &node.Spec.Taints[i]
-		if t.Effect == corev1.TaintEffectPreferNoSchedule || (cordoned && t.Key == corev1.TaintNodeUnschedulable) {
-			continue
-		}
-		if !tolerated(t) {
-			why = append(why, fmt.Sprintf("taint %s, which the pod does not tolerate", t.ToString()))
-		}
-	}
-	if ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node); err == nil && !ok {
-		why = append(why, "the pod's nodeSelector or required node affinity excludes the node")
-	}
-	return why
 }
 
 // className is the claim's StorageClass.

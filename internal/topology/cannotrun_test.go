@@ -1,4 +1,4 @@
-package sourceplacement
+package topology
 
 import (
 	"strings"
@@ -9,7 +9,7 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// cannotRun judges as kube-scheduler's filters do; test/controller runs it
+// CannotRun judges as kube-scheduler's filters do; test/controller runs it
 // in the reconciler against a real API server, this its edges.
 func TestCannotRun(t *testing.T) {
 	unschedulable := corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
@@ -38,7 +38,7 @@ func TestCannotRun(t *testing.T) {
 			[]string{"the node is cordoned (unschedulable: drained or being drained)", "taint k:NoSchedule, which the pod does not tolerate",
 				"the pod's nodeSelector or required node affinity excludes the node"}},
 	} {
-		got := cannotRun(klog.Background(), &corev1.Pod{Spec: c.pod}, c.node)
+		got := CannotRun(klog.Background(), &corev1.Pod{Spec: c.pod}, c.node)
 		if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
 			t.Errorf("%s: got %q, want %q", c.what, got, c.want)
 		}

@@ -1,0 +1,645 @@
+// Package migration moves the volumes of claims opted in
+// (podvol.io/migrate-on-drain: "true", or the class parameter
+// migrateOnDrain) off a node that is cordoned, as kubectl drain does first,
+// so that their pods start elsewhere with their data.
+//
+// The copy is a clone on the target node, made by a claim of the
+// controller's (podvol-move-<claim UID>, in the claim's namespace, a clone
+// of the claim, placed on the target): the target's plugin pulls the
+// volume while the pod still runs, then, once the pod is gone and the
+// volume unstaged, what changed since (internal/mobility). The PV being
+// moved records the migration (its target, that claim, the phase), marks
+// only podvol-controller writes: the source's plugin serves a migration's
+// pull only for the claim and node they name.
+//
+// Once the clone is bound the claim is switched to it. A PV's node affinity
+// cannot change, so the claim is re-made the way clone-lifecycle re-makes
+// one: both PVs held at Retain, the claim stashed in the controller's
+// namespace, the clone's claim deleted, its PV pre-bound to the claim's
+// name, the claim deleted and created again from the stash bound to that
+// PV (a StatefulSet that re-creates the claim first gets the same PV: it
+// is pre-bound by name). The old volume is deleted only once a pod of the
+// claim runs on the new node.
+package migration
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/topology"
+)
+
+// Reconciler migrates the volumes of cordoned nodes, one PV at a time.
+type Reconciler struct {
+	Client client.Client
+	// APIReader reads the stash (not cached) and, before a step that
+	// cannot be taken back, the live objects.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	// Driver is podvol's name.
+	Driver string
+	// StashNamespace is podvol-controller's own namespace; empty:
+	// $POD_NAMESPACE, else kube-system.
+	StashNamespace string
+	// Poll is how often a migration in progress is looked at (5 s if 0):
+	// the clone's copy and the pods are not watched.
+	Poll time.Duration
+}
+
+const stashKey = "pvc.json"
+
+func (r *Reconciler) stashNamespace() string {
+	if r.StashNamespace != "" {
+		return r.StashNamespace
+	}
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return metav1.NamespaceSystem
+}
+
+func (r *Reconciler) poll() time.Duration {
+	if r.Poll > 0 {
+		return r.Poll
+	}
+	return 5 * time.Second
+}
+
+// SetupWithManager watches podvol's PVs and the nodes they are on.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("migration").
+		For(&corev1.PersistentVolume{}).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			pvs := &corev1.PersistentVolumeList{}
+			if err := r.Client.List(ctx, pvs); err != nil {
+				log.FromContext(ctx).Error(err, "List PVs for a node's change")
+				return nil
+			}
+			var reqs []reconcile.Request
+			for i := range pvs.Items {
+				if topology.Node(&pvs.Items[i]) == o.GetName() {
+					reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: pvs.Items[i].Name}})
+				}
+			}
+			return reqs
+		})).
+		Complete(r)
+}
+
+// CloneName is the name of the claim that copies claim uid's volume.
+func CloneName(uid types.UID) string { return "podvol-move-" + string(uid) }
+
+// Reconcile moves one PV's claim along: start, copy, switch, clean up.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	pv := &corev1.PersistentVolume{}
+	if err := r.Client.Get(ctx, req.NamespacedName, pv); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != r.Driver || pv.DeletionTimestamp != nil {
+		return reconcile.Result{}, nil
+	}
+	switch pv.Annotations[names.MigrationPhase] {
+	case "":
+		return r.start(ctx, pv)
+	case names.MigrationCopying:
+		return r.copying(ctx, pv)
+	case names.MigrationSwitching:
+		return r.switching(ctx, pv)
+	case names.MigrationSwitched:
+		return r.cleanUp(ctx, pv)
+	}
+	return reconcile.Result{}, nil
+}
+
+// claimOf is the claim pv is bound to, if it still is (nil if not).
+func (r *Reconciler) claimOf(ctx context.Context, pv *corev1.PersistentVolume) (*corev1.PersistentVolumeClaim, error) {
+	ref := pv.Spec.ClaimRef
+	if ref == nil {
+		return nil, nil
+	}
+	pvc := &corev1.PersistentVolumeClaim{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, pvc)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if pvc.UID != ref.UID || pvc.Spec.VolumeName != pv.Name {
+		return nil, nil
+	}
+	return pvc, nil
+}
+
+// optedIn: the claim, or else its class, asks to follow its pod.
+func (r *Reconciler) optedIn(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume) (bool, error) {
+	if v, ok := pvc.Annotations[names.MigrateOnDrain]; ok {
+		return v == "true", nil
+	}
+	if pv.Spec.StorageClassName == "" {
+		return false, nil
+	}
+	sc := &storagev1.StorageClass{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: pv.Spec.StorageClassName}, sc); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return sc.Parameters[names.ParamMigrateOnDrain] == "true", nil
+}
+
+// start begins the migration of a bound, opted-in PV whose node is
+// cordoned: it picks a target and records it on the PV.
+func (r *Reconciler) start(ctx context.Context, pv *corev1.PersistentVolume) (reconcile.Result, error) {
+	nodeName := topology.Node(pv)
+	if nodeName == "" || pv.Status.Phase != corev1.VolumeBound {
+		return reconcile.Result{}, nil
+	}
+	node := &corev1.Node{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: nodeName}, node); err != nil || !node.Spec.Unschedulable {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	pvc, err := r.claimOf(ctx, pv)
+	if err != nil || pvc == nil || pvc.DeletionTimestamp != nil {
+		return reconcile.Result{}, err
+	}
+	if ok, err := r.optedIn(ctx, pvc, pv); err != nil || !ok {
+		return reconcile.Result{}, err
+	}
+	target, why, err := r.pickTarget(ctx, pv, pvc)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if target == "" {
+		r.Recorder.Eventf(pvc, pv, corev1.EventTypeWarning, "MigrationNoTarget", "Migrate",
+			"node %s is cordoned and this claim asks to follow its pod (%s), but no node can take its volume: %s. It stays on node %s (a drain does not delete it); uncordon the node or make room, and the migration starts",
+			nodeName, names.MigrateOnDrain, why, nodeName)
+		return reconcile.Result{RequeueAfter: 30 * time.Second}, nil
+	}
+	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if pv.Annotations == nil {
+		pv.Annotations = map[string]string{}
+	}
+	pv.Annotations[names.MigrationTarget] = target
+	pv.Annotations[names.MigrationClaim] = pvc.Namespace + "/" + CloneName(pvc.UID)
+	pv.Annotations[names.MigrationPhase] = names.MigrationCopying
+	pv.Annotations[names.MigrationStarted] = time.Now().UTC().Format(time.RFC3339)
+	if err := r.Client.Patch(ctx, pv, patch); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, "MigrationStarted", "Migrate",
+		"node %s is cordoned: copying this claim's volume (%s) to node %s while its pod runs, the rest once the pod is gone; claim %s shows the copy's progress",
+		nodeName, pv.Spec.CSI.VolumeHandle, target, CloneName(pvc.UID))
+	log.FromContext(ctx).Info("Migration started", "pv", pv.Name, "claim", pvc.Namespace+"/"+pvc.Name, "from", nodeName, "to", target)
+	return reconcile.Result{Requeue: true}, nil
+}
+
+// pickTarget is the schedulable node, other than the PV's, with room for
+// the volume in its class (CSIStorageCapacity) that every pod of the claim
+// can run on, the one with the most room; "" and why if none.
+func (r *Reconciler) pickTarget(ctx context.Context, pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim) (string, string, error) {
+	size := pv.Spec.Capacity[corev1.ResourceStorage]
+	caps := &storagev1.CSIStorageCapacityList{}
+	if err := r.Client.List(ctx, caps); err != nil {
+		return "", "", fmt.Errorf("list CSIStorageCapacities: %w", err)
+	}
+	room := map[string]resource.Quantity{}
+	for _, c := range caps.Items {
+		if c.StorageClassName != pv.Spec.StorageClassName || c.NodeTopology == nil || c.Capacity == nil {
+			continue
+		}
+		n := c.NodeTopology.MatchLabels[names.TopologyKey]
+		q := *c.Capacity
+		if c.MaximumVolumeSize != nil && c.MaximumVolumeSize.Cmp(q) < 0 {
+			q = *c.MaximumVolumeSize
+		}
+		if n != "" && q.Cmp(size) >= 0 {
+			room[n] = q
+		}
+	}
+	pods, err := r.podsOf(ctx, pvc)
+	if err != nil {
+		return "", "", err
+	}
+	nodes := &corev1.NodeList{}
+	if err := r.Client.List(ctx, nodes); err != nil {
+		return "", "", err
+	}
+	var best string
+	var bestRoom resource.Quantity
+	var whyNot []string
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if n.Name == topology.Node(pv) {
+			continue
+		}
+		q, ok := room[n.Name]
+		if !ok {
+			whyNot = append(whyNot, fmt.Sprintf("%s: no room for %s in class %s", n.Name, size.String(), pv.Spec.StorageClassName))
+			continue
+		}
+		fits := true
+		for _, p := range pods {
+			// The pod as a new one would be: not bound to a node yet.
+			p := p.DeepCopy()
+			p.Spec.NodeName = ""
+			if why := topology.CannotRun(log.FromContext(ctx), p, n); len(why) > 0 {
+				whyNot = append(whyNot, fmt.Sprintf("%s: pod %s cannot run there (%s)", n.Name, p.Name, why[0]))
+				fits = false
+				break
+			}
+		}
+		if fits && (best == "" || q.Cmp(bestRoom) > 0) {
+			best, bestRoom = n.Name, q
+		}
+	}
+	if best == "" && len(whyNot) == 0 {
+		whyNot = append(whyNot, "no other node")
+	}
+	return best, fmt.Sprint(whyNot), nil
+}
+
+// podsOf are the pods that use the claim and have not finished.
+func (r *Reconciler) podsOf(ctx context.Context, pvc *corev1.PersistentVolumeClaim) ([]corev1.Pod, error) {
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(pvc.Namespace)); err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
+			return v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == pvc.Name
+		}) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// copying makes the clone that copies the volume, and switches once it is
+// bound; an uncordoned node, or a claim gone, cancels.
+func (r *Reconciler) copying(ctx context.Context, pv *corev1.PersistentVolume) (reconcile.Result, error) {
+	pvc, err := r.claimOf(ctx, pv)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	node := &corev1.Node{}
+	err = r.Client.Get(ctx, client.ObjectKey{Name: topology.Node(pv)}, node)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	if pvc == nil || pvc.DeletionTimestamp != nil {
+		return r.cancel(ctx, pv, nil, "its claim is gone")
+	}
+	if err == nil && !node.Spec.Unschedulable {
+		return r.cancel(ctx, pv, pvc, fmt.Sprintf("node %s is schedulable again", node.Name))
+	}
+	clone := &corev1.PersistentVolumeClaim{}
+	err = r.Client.Get(ctx, types.NamespacedName{Namespace: pvc.Namespace, Name: CloneName(pvc.UID)}, clone)
+	if apierrors.IsNotFound(err) {
+		clone = r.cloneFor(pv, pvc)
+		if err := r.Client.Create(ctx, clone); err != nil && !apierrors.IsAlreadyExists(err) {
+			return reconcile.Result{}, fmt.Errorf("create claim %s/%s to copy volume %s: %w", clone.Namespace, clone.Name, pv.Spec.CSI.VolumeHandle, err)
+		}
+		return reconcile.Result{RequeueAfter: r.poll()}, nil
+	}
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if clone.Annotations[names.MigrationOf] != pv.Name {
+		r.Recorder.Eventf(pvc, pv, corev1.EventTypeWarning, "MigrationBlocked", "Migrate",
+			"claim %s/%s is in the way of this claim's migration (it is not podvol-controller's copy of PV %s): delete it, and the migration goes on", clone.Namespace, clone.Name, pv.Name)
+		return reconcile.Result{RequeueAfter: 30 * time.Second}, nil
+	}
+	if clone.Spec.VolumeName == "" || clone.Status.Phase != corev1.ClaimBound {
+		return reconcile.Result{RequeueAfter: r.poll()}, nil
+	}
+	// The copy is complete: its pull ended only once the volume was no
+	// longer staged on its node, and the plugin there stages it no more.
+	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	pv.Annotations[names.MigrationPhase] = names.MigrationSwitching
+	pv.Annotations[names.MigrationVolume] = clone.Spec.VolumeName
+	if err := r.Client.Patch(ctx, pv, patch); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, "MigrationCopied", "Migrate",
+		"this claim's volume is copied to node %s (PV %s): switching the claim to it", pv.Annotations[names.MigrationTarget], clone.Spec.VolumeName)
+	return reconcile.Result{Requeue: true}, nil
+}
+
+// cloneFor is the claim that copies pv's volume to the target: a clone of
+// pvc of its size, class and mode, placed on the target, owned by pvc (a
+// claim deleted takes its copy along).
+func (r *Reconciler) cloneFor(pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
+	class := pv.Spec.StorageClassName
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: pvc.Namespace, Name: CloneName(pvc.UID),
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "podvol-controller"},
+			Annotations: map[string]string{
+				names.SelectedNode: pv.Annotations[names.MigrationTarget],
+				names.Placement:    names.PlacementScheduler,
+				names.MigrationOf:  pv.Name,
+			},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "PersistentVolumeClaim", Name: pvc.Name, UID: pvc.UID}},
+		},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      slices.Clone(pvc.Spec.AccessModes),
+			StorageClassName: &class,
+			VolumeMode:       pv.Spec.VolumeMode,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: pv.Spec.Capacity[corev1.ResourceStorage]}},
+			DataSourceRef:    &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: pvc.Name},
+		},
+	}
+}
+
+// cancel ends a migration before its switch: the copy's claim goes (its
+// volume with it, and the source's snapshots with the sweep), the PV's
+// marks too.
+func (r *Reconciler) cancel(ctx context.Context, pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim, why string) (reconcile.Result, error) {
+	if ref := pv.Spec.ClaimRef; ref != nil {
+		clone := &corev1.PersistentVolumeClaim{}
+		err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: CloneName(ref.UID)}, clone)
+		if err == nil && clone.Annotations[names.MigrationOf] == pv.Name {
+			if err := r.Client.Delete(ctx, clone, client.Preconditions{UID: &clone.UID}); err != nil && !apierrors.IsNotFound(err) {
+				return reconcile.Result{}, err
+			}
+		} else if err != nil && !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+	}
+	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	for _, k := range []string{names.MigrationTarget, names.MigrationClaim, names.MigrationPhase, names.MigrationStarted, names.MigrationVolume} {
+		delete(pv.Annotations, k)
+	}
+	if err := r.Client.Patch(ctx, pv, patch); err != nil {
+		return reconcile.Result{}, err
+	}
+	if pvc != nil {
+		r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, "MigrationCancelled", "Migrate", "the migration of this claim's volume is cancelled: %s; the volume stays where it is", why)
+	}
+	log.FromContext(ctx).Info("Migration cancelled", "pv", pv.Name, "because", why)
+	return reconcile.Result{}, nil
+}
+
+// stashName is the stash of the claim re-made by the migration of pv.
+func stashName(pv string) string {
+	h := sha256.Sum256([]byte(pv))
+	return "podvol-move-" + hex.EncodeToString(h[:16])
+}
+
+// dropped are the annotations of a claim that its re-made self does not
+// get: those of its binding and placement.
+var dropped = map[string]bool{
+	"pv.kubernetes.io/bind-completed": true, "pv.kubernetes.io/bound-by-controller": true, names.SelectedNode: true, names.SourceNode: true,
+	"volume.kubernetes.io/storage-provisioner": true, "volume.beta.kubernetes.io/storage-provisioner": true, "kubectl.kubernetes.io/last-applied-configuration": true,
+}
+
+// remade is the claim that takes pvc's place, bound to volume: its name,
+// labels, annotations less those of its binding, owners but pods (a pod
+// that owned it is gone: the garbage collector would delete the new one),
+// and the spec fields that say what it is.
+func remade(pvc *corev1.PersistentVolumeClaim, volume string) *corev1.PersistentVolumeClaim {
+	s := &pvc.Spec
+	next := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pvc.Namespace, Name: pvc.Name, Labels: maps.Clone(pvc.Labels), Annotations: map[string]string{}},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:               slices.Clone(s.AccessModes),
+			Resources:                 *s.Resources.DeepCopy(),
+			StorageClassName:          s.StorageClassName,
+			VolumeMode:                s.VolumeMode,
+			VolumeAttributesClassName: s.VolumeAttributesClassName,
+			VolumeName:                volume,
+		},
+	}
+	for k, v := range pvc.Annotations {
+		if !dropped[k] {
+			next.Annotations[k] = v
+		}
+	}
+	for _, o := range pvc.OwnerReferences {
+		if o.Kind != "Pod" {
+			next.OwnerReferences = append(next.OwnerReferences, o)
+		}
+	}
+	return next
+}
+
+// retain holds pv at Retain, keeping its policy to give back.
+func (r *Reconciler) retain(ctx context.Context, pv *corev1.PersistentVolume) error {
+	if _, kept := pv.Annotations[names.MigrationReclaim]; kept {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if pv.Annotations == nil {
+		pv.Annotations = map[string]string{}
+	}
+	pv.Annotations[names.MigrationReclaim] = string(pv.Spec.PersistentVolumeReclaimPolicy)
+	pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+	return r.Client.Patch(ctx, pv, patch)
+}
+
+// restoreReclaim gives pv back the policy retain kept.
+func (r *Reconciler) restoreReclaim(ctx context.Context, pv *corev1.PersistentVolume) error {
+	policy, kept := pv.Annotations[names.MigrationReclaim]
+	if !kept {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	delete(pv.Annotations, names.MigrationReclaim)
+	pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimPolicy(policy)
+	return r.Client.Patch(ctx, pv, patch)
+}
+
+// switching re-makes the claim bound to the copy, one idempotent step a
+// call: Retain on both PVs, the stash, the copy's claim deleted, its PV
+// pre-bound to the claim's name, the claim deleted, made again.
+func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume) (reconcile.Result, error) {
+	logger := log.FromContext(ctx).WithValues("pv", pv.Name)
+	ref := pv.Spec.ClaimRef
+	newPV := &corev1.PersistentVolume{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: pv.Annotations[names.MigrationVolume]}, newPV); err != nil {
+		return reconcile.Result{}, fmt.Errorf("read the migration's new PV %s: %w", pv.Annotations[names.MigrationVolume], err)
+	}
+	if err := r.retain(ctx, pv); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.retain(ctx, newPV); err != nil {
+		return reconcile.Result{}, err
+	}
+	key := types.NamespacedName{Namespace: r.stashNamespace(), Name: stashName(pv.Name)}
+	stash := &corev1.ConfigMap{}
+	err := r.APIReader.Get(ctx, key, stash)
+	if apierrors.IsNotFound(err) {
+		pvc, err := r.claimOf(ctx, pv)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if pvc == nil {
+			return reconcile.Result{}, fmt.Errorf("claim %s/%s of PV %s is gone and nothing was stashed: cannot switch it", ref.Namespace, ref.Name, pv.Name)
+		}
+		b, err := json.Marshal(remade(pvc, newPV.Name))
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		stash = &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
+				Labels:      map[string]string{"app.kubernetes.io/managed-by": "podvol-controller", names.StashClaimNamespace: pvc.Namespace},
+				Annotations: map[string]string{names.StashClaim: pvc.Namespace + "/" + pvc.Name, names.StashOldUID: string(pvc.UID), names.MigratedFrom: pv.Name}},
+			Data: map[string]string{stashKey: string(b)},
+		}
+		if err := r.Client.Create(ctx, stash); err != nil {
+			return reconcile.Result{}, fmt.Errorf("stash claim %s/%s before its switch: %w", pvc.Namespace, pvc.Name, err)
+		}
+	} else if err != nil {
+		return reconcile.Result{}, err
+	}
+	next := &corev1.PersistentVolumeClaim{}
+	if err := json.Unmarshal([]byte(stash.Data[stashKey]), next); err != nil {
+		return reconcile.Result{}, fmt.Errorf("stash %s is corrupt: %w", key, err)
+	}
+	// The copy's claim goes; its PV stays (Retain).
+	clone := &corev1.PersistentVolumeClaim{}
+	err = r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: CloneName(ref.UID)}, clone)
+	if err == nil {
+		if clone.DeletionTimestamp == nil {
+			if err := r.Client.Delete(ctx, clone, client.Preconditions{UID: &clone.UID}); err != nil && !apierrors.IsNotFound(err) {
+				return reconcile.Result{}, err
+			}
+		}
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	} else if !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	// Pre-bound to the claim's name before the claim goes: whoever makes
+	// the claim again (this controller, or a StatefulSet first) gets it.
+	if cr := newPV.Spec.ClaimRef; cr == nil || cr.Namespace != next.Namespace || cr.Name != next.Name {
+		patch := client.MergeFromWithOptions(newPV.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		newPV.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: next.Namespace, Name: next.Name}
+		delete(newPV.Annotations, "pv.kubernetes.io/bound-by-controller")
+		if newPV.Annotations == nil {
+			newPV.Annotations = map[string]string{}
+		}
+		newPV.Annotations[names.MigratedFrom] = pv.Name
+		if err := r.Client.Patch(ctx, newPV, patch); err != nil {
+			return reconcile.Result{}, err
+		}
+		logger.Info("Pre-bound the migration's new PV to its claim", "newPV", newPV.Name, "claim", next.Namespace+"/"+next.Name)
+	}
+	old := &corev1.PersistentVolumeClaim{}
+	err = r.APIReader.Get(ctx, types.NamespacedName{Namespace: next.Namespace, Name: next.Name}, old)
+	switch {
+	case err == nil && string(old.UID) == stash.Annotations[names.StashOldUID]:
+		if old.DeletionTimestamp == nil {
+			if running, err := r.runningPods(ctx, old); err != nil || len(running) > 0 {
+				if err == nil {
+					r.Recorder.Eventf(old, pv, corev1.EventTypeNormal, "MigrationWaiting", "Migrate", "pod %s on node %s still uses this claim: it is switched to node %s once no pod on a node does", running[0].Name, running[0].Spec.NodeName, pv.Annotations[names.MigrationTarget])
+				}
+				return reconcile.Result{RequeueAfter: r.poll()}, err
+			}
+			r.Recorder.Eventf(old, pv, corev1.EventTypeNormal, "MigrationSwitch", "Delete", "deleting this claim to make it again bound to its volume's copy on node %s (PV %s)", pv.Annotations[names.MigrationTarget], newPV.Name)
+			if err := r.Client.Delete(ctx, old, client.Preconditions{UID: &old.UID}); err != nil && !apierrors.IsNotFound(err) {
+				return reconcile.Result{}, err
+			}
+		}
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	case apierrors.IsNotFound(err):
+		if err := r.Client.Create(ctx, next); err != nil && !apierrors.IsAlreadyExists(err) {
+			return reconcile.Result{}, fmt.Errorf("make claim %s/%s again: %w", next.Namespace, next.Name, err)
+		}
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+	// The claim is made again (by this controller or its owner): done once
+	// it is bound to the copy.
+	if old.Spec.VolumeName != newPV.Name || old.Status.Phase != corev1.ClaimBound {
+		if old.Spec.VolumeName != "" && old.Spec.VolumeName != newPV.Name {
+			return reconcile.Result{}, fmt.Errorf("claim %s/%s, made again, is bound to PV %s, not the migration's %s: left to an admin", old.Namespace, old.Name, old.Spec.VolumeName, newPV.Name)
+		}
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
+	if err := r.restoreReclaim(ctx, newPV); err != nil {
+		return reconcile.Result{}, err
+	}
+	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	pv.Annotations[names.MigrationPhase] = names.MigrationSwitched
+	if err := r.Client.Patch(ctx, pv, patch); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.Client.Delete(ctx, stash, client.Preconditions{UID: &stash.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	r.Recorder.Eventf(old, newPV, corev1.EventTypeNormal, "MigrationSwitched", "Migrate",
+		"this claim is bound to its volume's copy on node %s (PV %s); the old volume (PV %s) is deleted once a pod runs with the copy", pv.Annotations[names.MigrationTarget], newPV.Name, pv.Name)
+	logger.Info("Migration switched", "claim", old.Namespace+"/"+old.Name, "newPV", newPV.Name)
+	return reconcile.Result{Requeue: true}, nil
+}
+
+// runningPods are the pods on a node that use the claim and have not
+// finished.
+func (r *Reconciler) runningPods(ctx context.Context, pvc *corev1.PersistentVolumeClaim) ([]corev1.Pod, error) {
+	pods, err := r.podsOf(ctx, pvc)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(pods, func(p corev1.Pod) bool { return p.Spec.NodeName == "" }), nil
+}
+
+// cleanUp gives the old PV its reclaim policy back (its volume is then
+// deleted, if that is the policy) once a pod runs with the copy.
+func (r *Reconciler) cleanUp(ctx context.Context, pv *corev1.PersistentVolume) (reconcile.Result, error) {
+	if _, kept := pv.Annotations[names.MigrationReclaim]; !kept {
+		return reconcile.Result{}, nil
+	}
+	ref := pv.Spec.ClaimRef
+	pvc := &corev1.PersistentVolumeClaim{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, pvc)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	if err == nil && pvc.Spec.VolumeName == pv.Annotations[names.MigrationVolume] {
+		pods, err := r.runningPods(ctx, pvc)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if !slices.ContainsFunc(pods, func(p corev1.Pod) bool {
+			return p.Spec.NodeName == pv.Annotations[names.MigrationTarget] && p.Status.Phase == corev1.PodRunning
+		}) {
+			return reconcile.Result{RequeueAfter: r.poll()}, nil
+		}
+	}
+	// A pod runs with the copy (or the claim is gone: nothing waits for
+	// the old volume).
+	if err := r.restoreReclaim(ctx, pv); err != nil {
+		return reconcile.Result{}, err
+	}
+	log.FromContext(ctx).Info("Migration done: the old volume goes by its reclaim policy", "pv", pv.Name, "policy", pv.Spec.PersistentVolumeReclaimPolicy)
+	return reconcile.Result{}, nil
+}
