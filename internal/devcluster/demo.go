@@ -266,6 +266,13 @@ spec:
 `, ns, PodSpec(6, script, "data", path, ""), class, size)
 }
 
+// MigratingDBStatefulSet is DBStatefulSet whose claims follow their pod
+// off a drained node (names.MigrateOnDrain).
+func MigratingDBStatefulSet(ns, class, size, script, path string) string {
+	return strings.Replace(DBStatefulSet(ns, class, size, script, path), "  - metadata: {name: data}\n",
+		fmt.Sprintf("  - metadata: {name: data, annotations: {%s: \"true\"}}\n", names.MigrateOnDrain), 1)
+}
+
 func (c *Cluster) demoStatefulSet(ctx context.Context, ns string) (string, string, error) {
 	err := c.Apply(ctx, DBStatefulSet(ns, "podvol-xfs", "512Mi", "test -f /data/rows || echo 'row 1' > /data/rows", "/data"))
 	if err != nil {

@@ -118,6 +118,8 @@ func TestCluster(t *testing.T) {
 		{"PerNodeRouting", testPerNodeRouting},
 		// It kills podvol's plugins on two nodes mid-transfer.
 		{"TransferSurvivesKilledPlugins", testTransferSurvivesKilledPlugins},
+		// It cordons and drains a node.
+		{"DrainMigratesData", testDrainMigratesData},
 		{"DrainWithSomewhereToGo", testDrainWithSomewhereToGo},
 		{"NodeLost", testNodeLost},
 	} {

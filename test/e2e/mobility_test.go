@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -309,4 +310,83 @@ spec:
 `, claim, ns, names.Placement, names.PlacementScheduler, size)
 	apply(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: %s, namespace: %s}\nspec:\n  nodeSelector: {%s: %s}\n%s",
 		pod, ns, names.TopologyKey, node, podSpecYAML("persistentVolumeClaim: {claimName: "+claim+"}"))
+}
+
+// testDrainMigratesData: a StatefulSet replica whose claim asks to follow
+// its pod (podvol.io/migrate-on-drain) is on node A. Cordoning A starts
+// the copy while the pod runs (the first copy is pulled whole); the pod
+// then writes more, and `kubectl drain A` evicts it; what changed since the
+// first copy follows, the claim is re-made bound to the copy, and the
+// replica runs on another node with every byte (checksums of what was
+// written before and during the copy). The old volume goes once the
+// replica runs with the new one.
+func testDrainMigratesData(t *testing.T) {
+	n := ns(t)
+	a := cluster.Nodes[0]
+	release := onlyOn(t, a)
+	apply(t, "%s", devcluster.MigratingDBStatefulSet(n, "podvol-xfs", "2Gi",
+		"test -f /data/sums || (dd if=/dev/urandom of=/data/before bs=1M count=256 2>/dev/null && cd /data && sha256sum before > sums && sync)", "/data"))
+	_, err := cluster.RunKubectl(ctx(t), "-n", n, "rollout", "status", "statefulset/db", "--timeout=4m")
+	must(t, "db ready", err)
+	release()
+	if got := get(t, n, "pod/db-0", "{.spec.nodeName}"); got != a.Name {
+		t.Fatalf("db-0 runs on %s, want %s", got, a.Name)
+	}
+	oldPV := get(t, n, "pvc/data-db-0", "{.spec.volumeName}")
+	oldImage := filepath.Join(a.PoolDir(), "volumes", get(t, "", "pv/"+oldPV, "{.spec.csi.volumeHandle}")+".img")
+
+	t.Cleanup(func() { _, _ = cluster.RunKubectl(ctx(t), "uncordon", a.Name) })
+	_, err = cluster.RunKubectl(ctx(t), "cordon", a.Name)
+	must(t, "cordon "+a.Name, err)
+	target := ""
+	eventually(t, 2*time.Minute, func() string {
+		target, _ = cluster.Get(ctx(t), "", "pv/"+oldPV, "{.metadata.annotations.podvol\\.io/migration-target}")
+		if target == "" {
+			return "PV " + oldPV + " has no migration target"
+		}
+		return ""
+	})
+	// The first copy, pulled while the pod runs.
+	plugin, _ := pluginContainer(t, target)
+	eventually(t, 3*time.Minute, func() string {
+		logs, err := cluster.RunKubectl(ctx(t), "-n", "podvol-system", "logs", plugin, "-c", "plugin")
+		if err != nil || !strings.Contains(logs, "Pulled a first copy of a volume in use") {
+			return fmt.Sprintf("%s's plugin has not pulled the first copy (%v):\n%s", target, err, lastLines(logs, 10))
+		}
+		return ""
+	})
+	exec(t, n, "db-0", "dd if=/dev/urandom of=/data/during bs=1M count=64 2>/dev/null && cd /data && sha256sum during >> sums && sync")
+	sums := exec(t, n, "db-0", "cat /data/sums")
+
+	out, err := cluster.RunKubectl(ctx(t), "drain", a.Name, "--ignore-daemonsets", "--delete-emptydir-data", "--pod-selector=app=db", "--timeout=4m")
+	must(t, "drain "+a.Name+":\n"+out, err)
+	eventually(t, 5*time.Minute, func() string {
+		node, _ := cluster.Get(ctx(t), n, "pod/db-0", "{.spec.nodeName}")
+		ready, _ := cluster.Get(ctx(t), n, "statefulset/db", "{.status.readyReplicas}")
+		if node != target || ready != "1" {
+			pv, _ := cluster.Get(ctx(t), "", "pv/"+oldPV, "{.metadata.annotations.podvol\\.io/migration-phase}")
+			return fmt.Sprintf("db-0 is on %q (ready replicas %q), want %s; migration %s", node, ready, target, pv)
+		}
+		return ""
+	})
+	if got := exec(t, n, "db-0", "cd /data && sha256sum -c sums"); !strings.Contains(got, "before: OK") || !strings.Contains(got, "during: OK") {
+		t.Fatalf("db-0's data after the move: %q (sums %q)", got, sums)
+	}
+	if pv := get(t, n, "pvc/data-db-0", "{.spec.volumeName}"); pv == oldPV {
+		t.Fatalf("claim data-db-0 is still bound to %s", oldPV)
+	}
+	logs, err := cluster.RunKubectl(ctx(t), "-n", "podvol-system", "logs", plugin, "-c", "plugin")
+	must(t, "logs of "+plugin, err)
+	if !strings.Contains(logs, "changesSince") || strings.Contains(logs, `changesSince=""`) {
+		t.Errorf("%s's plugin did not pull the last data as changes of its first copy:\n%s", target, lastLines(logs, 20))
+	}
+	eventually(t, 3*time.Minute, func() string {
+		if _, err := os.Stat(oldImage); !os.IsNotExist(err) {
+			return fmt.Sprintf("the old volume's image %s is still there (%v)", oldImage, err)
+		}
+		if out, _ := cluster.RunKubectl(ctx(t), "get", "pv", oldPV, "--ignore-not-found", "-o", "name"); out != "" {
+			return "the old PV is still there"
+		}
+		return ""
+	})
 }
