@@ -146,7 +146,7 @@ func (j *job) status() string {
 		if r := pr.Rate(); r > 0 {
 			msg += fmt.Sprintf(", %s/s, about %s left", humanBytes(int64(r)), pr.Remaining().Round(time.Second))
 		}
-	} else {
+	} else if j.waiting == nil {
 		msg += ": starting"
 	}
 	msg += fmt.Sprintf(" (for %s)", time.Since(j.started).Round(time.Second))

@@ -175,7 +175,7 @@ func (o oneImage) Open(context.Context, transfer.Request) (transfer.Image, error
 
 type allowNode string
 
-func (a allowNode) Authorize(_ context.Context, r transfer.Request) error {
+func (a allowNode) Authorize(_ context.Context, r *transfer.Request) error {
 	if r.Caller != string(a) {
 		return fmt.Errorf("only %s may pull: %w", string(a), errkind.ErrDenied)
 	}

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // twoWay is the strategic merge patch from before to after, as the sidecars
@@ -118,6 +120,29 @@ func (e *env) testPersistentVolumes(t *testing.T) {
 		patch(e.nodeB, "pv-a", dropFinalizer), "is on node-a")
 	refused(t, e.nodeB, "delete node-a's PV", del(e.nodeB, "pv-a"), "on node node-b may delete only", "is on node-a")
 	refused(t, e.unbound, "grow node-a's PV", patch(e.unbound, "pv-a", size("3Gi")), "names no node")
+
+	// A migration's marks are podvol-controller's, even on a node's own PV.
+	refused(t, e.nodeA, "mark its own PV for a migration", patch(e.nodeA, "pv-a", func(p *corev1.PersistentVolume) {
+		metav1.SetMetaDataAnnotation(&p.ObjectMeta, names.MigrationTarget, "node-b")
+	}), "migration marks")
+	refused(t, e.nodeA, "create a PV marked as a migration's", create(e.nodeA, func() *corev1.PersistentVolume {
+		p := pv("pv-a-marked", "podvol.io", "node-a")
+		metav1.SetMetaDataAnnotation(&p.ObjectMeta, names.MigratedFrom, "pv-x")
+		return p
+	}()), "migration marks")
+	must(t, patch(e.admin, "pv-a", func(p *corev1.PersistentVolume) {
+		metav1.SetMetaDataAnnotation(&p.ObjectMeta, names.MigrationPhase, names.MigrationCopying)
+	}))
+	refused(t, e.nodeA, "change a migration's phase on its own PV", patch(e.nodeA, "pv-a", func(p *corev1.PersistentVolume) {
+		p.Annotations[names.MigrationPhase] = names.MigrationSwitching
+	}), "migration marks")
+	refused(t, e.nodeA, "remove a migration's phase from its own PV", patch(e.nodeA, "pv-a", func(p *corev1.PersistentVolume) {
+		delete(p.Annotations, names.MigrationPhase)
+	}), "migration marks")
+	allowed(t, e.nodeA, "add its finalizer to its own PV under migration", patch(e.nodeA, "pv-a", func(p *corev1.PersistentVolume) {
+		metav1.SetMetaDataAnnotation(&p.ObjectMeta, "other", "x")
+	}))
+	must(t, patch(e.admin, "pv-a", func(p *corev1.PersistentVolume) { delete(p.Annotations, names.MigrationPhase) }))
 
 	// Every node's external-provisioner adds its finalizer to bound PVs
 	// reclaimed by deletion and removes it from the others, whatever their

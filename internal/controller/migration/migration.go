@@ -256,6 +256,10 @@ func (r *Reconciler) pickTarget(ctx context.Context, pv *corev1.PersistentVolume
 		if n.Name == topology.Node(pv) {
 			continue
 		}
+		if n.Spec.Unschedulable {
+			whyNot = append(whyNot, n.Name+": cordoned")
+			continue
+		}
 		q, ok := room[n.Name]
 		if !ok {
 			whyNot = append(whyNot, fmt.Sprintf("%s: no room for %s in class %s", n.Name, size.String(), pv.Spec.StorageClassName))
@@ -486,6 +490,14 @@ func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume)
 	newPV := &corev1.PersistentVolume{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: pv.Annotations[names.MigrationVolume]}, newPV); err != nil {
 		return reconcile.Result{}, fmt.Errorf("read the migration's new PV %s: %w", pv.Annotations[names.MigrationVolume], err)
+	}
+	// The copy is podvol's, on the target, and bound to the copy's claim
+	// (or already pre-bound to this claim): nothing else is ever re-bound.
+	cr := newPV.Spec.ClaimRef
+	if newPV.Spec.CSI == nil || newPV.Spec.CSI.Driver != r.Driver || topology.Node(newPV) != pv.Annotations[names.MigrationTarget] || cr == nil || cr.Namespace != ref.Namespace ||
+		(cr.Name != CloneName(ref.UID) && (cr.Name != ref.Name || newPV.Annotations[names.MigratedFrom] != pv.Name)) {
+		return reconcile.Result{}, fmt.Errorf("PV %s is not the copy of PV %s that migration made (a %s PV on node %s bound to claim %s/%s): not switching to it",
+			newPV.Name, pv.Name, r.Driver, pv.Annotations[names.MigrationTarget], ref.Namespace, CloneName(ref.UID))
 	}
 	if err := r.retain(ctx, pv); err != nil {
 		return reconcile.Result{}, err
