@@ -100,6 +100,7 @@ func (c *Cluster) Demo(ctx context.Context) error {
 		{"ephemeral clone, reset when its pod goes", func() (string, string, error) { return c.demoEphemeralClone(ctx, ns) }},
 		{"online resize (xfs)", func() (string, string, error) { return c.demoResize(ctx, ns) }},
 		{"a second pool (class " + FastClass + ")", func() (string, string, error) { return c.demoDeviceClass(ctx, ns) }},
+		{"drain with data (the StatefulSet's volume follows)", func() (string, string, error) { return c.demoDrain(ctx, ns) }},
 	}
 	fmt.Fprintf(c.Out, "\n== podvol demo: every lifecycle, in namespace %s\n", ns)
 	_, _ = c.kubectl(ctx, "delete", "namespace", ns, "--ignore-not-found", "--wait=true", "--timeout=2m")
@@ -402,6 +403,41 @@ spec:
 		return "", "", fmt.Errorf("the restore on %s holds %q, want the data at the snapshot: %w", other, out, err)
 	}
 	return "PVC db-restore-elsewhere, pod pinned to " + other, c.where(ctx, ns, "db-restore-elsewhere") + " (pulled from " + source + ")", nil
+}
+
+// demoDrain: the StatefulSet's claim is annotated to follow its pod; the
+// drain of the pod's node evicts it, and it starts on another node with
+// its data, its claim bound to the volume's copy there.
+func (c *Cluster) demoDrain(ctx context.Context, ns string) (string, string, error) {
+	from, err := c.Get(ctx, ns, "pod/db-0", "{.spec.nodeName}")
+	if err != nil {
+		return "", "", err
+	}
+	if _, err := c.kubectl(ctx, "-n", ns, "annotate", "pvc", "data-db-0", names.MigrateOnDrain+"=true", "--overwrite"); err != nil {
+		return "", "", err
+	}
+	defer func() { _, _ = c.kubectl(context.WithoutCancel(ctx), "uncordon", from) }()
+	if out, err := c.kubectl(ctx, "drain", from, "--ignore-daemonsets", "--delete-emptydir-data", "--pod-selector=app=db", "--timeout=3m"); err != nil {
+		return "", "", fmt.Errorf("kubectl drain %s: %w\n%s", from, err, out)
+	}
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(2 * time.Second) {
+		node, _ := c.Get(ctx, ns, "pod/db-0", "{.spec.nodeName}")
+		if node != "" && node != from {
+			break
+		}
+		if time.Now().After(deadline) {
+			events, _ := c.kubectl(ctx, "-n", ns, "get", "events", "--field-selector=involvedObject.kind=PersistentVolumeClaim", "--sort-by=.lastTimestamp")
+			return "", "", fmt.Errorf("after 5 minutes db-0 is not on another node than %s:\n%s", from, lastLines(events, 15))
+		}
+	}
+	if err := c.WaitPod(ctx, ns, "db-0", 3*time.Minute); err != nil {
+		return "", "", err
+	}
+	out, err := c.Exec(ctx, ns, "db-0", "cat /data/rows")
+	if err != nil || out != "row 1" {
+		return "", "", fmt.Errorf("db-0 after the drain holds %q, want the rows it had: %w", out, err)
+	}
+	return "StatefulSet db, claim annotated " + names.MigrateOnDrain + ", kubectl drain " + from, c.where(ctx, ns, "data-db-0") + " (moved from " + from + ")", nil
 }
 
 // cloneOfDB creates a PVC that clones data-db-0, with annotations (YAML
