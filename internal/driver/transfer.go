@@ -43,17 +43,21 @@ func (d *Driver) CutForMove(id string, claim store.Claim) (*pool.Pool, *store.Sn
 	if !ok || !pool.ValidID(id) || pl == nil {
 		return nil, nil, false, fmt.Errorf("volume %q is not in a pool of node %s: %w", id, d.cfg.NodeID, errkind.ErrNotFound)
 	}
+	// Snapshot names before the volume, as CreateSnapshot locks: which of
+	// the two is cut depends on the volume's state, read under its lock.
+	first, last := pool.TransferSnapshotName(claim.UID), pool.FinalTransferSnapshotName(claim.UID)
+	defer d.locks.Lock("snapshot/" + first)()
+	defer d.locks.Lock("snapshot/" + last)()
 	defer d.locks.Lock(id)()
 	v, err := pl.Pool.ReadyVolume(id)
 	if err != nil {
 		return nil, nil, false, err
 	}
 	final := v.Stage == nil && len(v.Publications) == 0
-	snap := pool.TransferSnapshotName(claim.UID)
+	snap := first
 	if final {
-		snap = pool.FinalTransferSnapshotName(claim.UID)
+		snap = last
 	}
-	defer d.locks.Lock("snapshot/" + snap)()
 	s, err := pl.Pool.CreateSnapshot(pool.SnapshotRequest{Name: snap, SourceID: id, Quiesce: pl.Node.Quiesce, For: &claim})
 	if err != nil {
 		return nil, nil, false, err
