@@ -413,6 +413,10 @@ func (c *Cluster) demoDrain(ctx context.Context, ns string) (string, string, err
 	if err != nil {
 		return "", "", err
 	}
+	rows, err := c.Exec(ctx, ns, "db-0", "cat /data/rows")
+	if err != nil {
+		return "", "", err
+	}
 	if _, err := c.kubectl(ctx, "-n", ns, "annotate", "pvc", "data-db-0", names.MigrateOnDrain+"=true", "--overwrite"); err != nil {
 		return "", "", err
 	}
@@ -434,8 +438,11 @@ func (c *Cluster) demoDrain(ctx context.Context, ns string) (string, string, err
 		return "", "", err
 	}
 	out, err := c.Exec(ctx, ns, "db-0", "cat /data/rows")
-	if err != nil || out != "row 1" {
-		return "", "", fmt.Errorf("db-0 after the drain holds %q, want the rows it had: %w", out, err)
+	if err != nil {
+		return "", "", err
+	}
+	if out != rows {
+		return "", "", fmt.Errorf("db-0 after the drain holds %q, want the rows it had (%q)", out, rows)
 	}
 	return "StatefulSet db, claim annotated " + names.MigrateOnDrain + ", kubectl drain " + from, c.where(ctx, ns, "data-db-0") + " (moved from " + from + ")", nil
 }

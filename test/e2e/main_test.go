@@ -94,6 +94,7 @@ func TestCluster(t *testing.T) {
 			{"GroupSnapshot", testGroupSnapshot},
 			{"RestoreOnAnotherNode", testRestoreOnAnotherNode},
 			{"CloneOnAnotherNode", testCloneOnAnotherNode},
+			{"BackupMoverPattern", testBackupMoverPattern},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
@@ -135,6 +136,12 @@ func ns(t *testing.T) string {
 	if len(name) > 60 {
 		name = name[:60]
 	}
+	return nsNamed(t, name)
+}
+
+// nsNamed is ns with the namespace's name given.
+func nsNamed(t *testing.T, name string) string {
+	t.Helper()
 	ctx := context.Background()
 	_, _ = cluster.RunKubectl(ctx, "delete", "namespace", name, "--ignore-not-found", "--wait=true", "--timeout=3m")
 	if _, err := cluster.RunKubectl(ctx, "create", "namespace", name); err != nil {

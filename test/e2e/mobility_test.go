@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -389,4 +390,69 @@ func testDrainMigratesData(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// testBackupMoverPattern: what backup tools' data movers do (velero#7044:
+// the mover hangs when its pod lands on the wrong node). A snapshot of a
+// claim in one namespace is imported into another as a pre-provisioned
+// VolumeSnapshotContent naming the same handle, restored there, and read
+// by a mover pod with no node selector: podvol places the restore on the
+// snapshot's node (a reflink), the pod follows, and it reads the data.
+func testBackupMoverPattern(t *testing.T) {
+	n := ns(t)
+	pvc(t, n, "data", "podvol-xfs", "512Mi", "")
+	pod(t, n, "writer", "dd if=/dev/urandom of=/vol/blob bs=1M count=32 2>/dev/null && cd /vol && sha256sum blob > sum && sync",
+		"persistentVolumeClaim: {claimName: data}")
+	waitPod(t, n, "writer")
+	source := podNode(t, n, "writer")
+	applyFile(t, "snapshot.yaml", map[string]string{"NS": n})
+	eventually(t, 3*time.Minute, func() string {
+		if r, _ := cluster.Get(ctx(t), n, "volumesnapshot/snap", "{.status.readyToUse}"); r != "true" {
+			return "snapshot not ready: " + r
+		}
+		return ""
+	})
+	handle := get(t, "", "volumesnapshotcontent/"+get(t, n, "volumesnapshot/snap", "{.status.boundVolumeSnapshotContentName}"), "{.status.snapshotHandle}")
+
+	mover := nsNamed(t, n+"-mover")
+	content := mover + "-snap"
+	t.Cleanup(func() {
+		_, _ = cluster.RunKubectl(context.Background(), "delete", "volumesnapshotcontent", content, "--ignore-not-found", "--wait=false")
+	})
+	apply(t, `apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotContent
+metadata: {name: %[1]s}
+spec:
+  deletionPolicy: Retain
+  driver: %[2]s
+  source: {snapshotHandle: %[3]q}
+  volumeSnapshotClassName: podvol
+  volumeSnapshotRef: {namespace: %[4]s, name: imported}
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: imported, namespace: %[4]s}
+spec: {volumeSnapshotClassName: podvol, source: {volumeSnapshotContentName: %[1]s}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: restored, namespace: %[4]s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: podvol-xfs
+  resources: {requests: {storage: 512Mi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: imported}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: mover, namespace: %[4]s}
+spec:
+%[5]s`, content, names.Driver, handle, mover, devcluster.PodSpec(2, "true", "vol", "/vol", "persistentVolumeClaim: {claimName: restored}"))
+	waitPod(t, mover, "mover")
+	if out := exec(t, mover, "mover", "cd /vol && sha256sum -c sum"); !strings.Contains(out, "blob: OK") {
+		t.Fatalf("the mover reads %q, want the snapshot's data", out)
+	}
+	if got := podNode(t, mover, "mover").Name; got != source.Name {
+		t.Errorf("the mover runs on %s, want the snapshot's node %s (a reflink, no copy)", got, source.Name)
+	}
 }
