@@ -225,7 +225,7 @@ bench-startup: ## pod start-up on the dev cluster, by volume kind (root)
 # minutes with the defaults: MOBILITY_FLAGS='-rounds 5 -data 2Gi -size 8Gi'
 # (go run ./bench/mobility -h).
 MOBILITY_FLAGS ?=
-bench-mobility: ## a snapshot's data between two nodes: transfer vs sparse copy (root)
+bench-mobility: ## data between two nodes: transfer vs sparse copy, a migrating replica's drain (root)
 	flock -o $(CONFORMANCE_LOCK) $(GO) run ./bench/mobility $(MOBILITY_FLAGS)
 
 # Kubernetes' external-storage e2e suite (v1.37.2, built unchanged from Go

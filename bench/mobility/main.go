@@ -50,6 +50,13 @@ type config struct {
 	rounds     int
 	out        string
 	timeout    time.Duration
+	// The migration part: -migrations drains of a node holding a
+	// replica whose claim of migrateSize holds migrateData and gets
+	// migrateChanged more after the first copy.
+	migrations                                int
+	migrateSize, migrateDataQ, migrateChangeQ string
+	migrateData, migrateChanged               int64
+	parts                                     string
 }
 
 func main() {
@@ -59,6 +66,11 @@ func main() {
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds; the report gives each and their median")
 	flag.StringVar(&c.out, "out", filepath.Join(devcluster.RepoRoot(), "bench", "mobility"), "directory for README.md, mobility.png and mobility.json")
 	flag.DurationVar(&c.timeout, "step-timeout", 10*time.Minute, "how long one step (a write, a snapshot, a restore) may take")
+	flag.IntVar(&c.migrations, "migrations", 1, "drains of a node holding a migrating replica (and of an emptyDir one)")
+	flag.StringVar(&c.migrateSize, "migrate-size", "10Gi", "size of the migrating replica's volume")
+	flag.StringVar(&c.migrateDataQ, "migrate-data", "2Gi", "random data the migrating replica writes before the drain")
+	flag.StringVar(&c.migrateChangeQ, "migrate-changed", "256Mi", "random data it writes after the first copy, before its eviction")
+	flag.StringVar(&c.parts, "parts", "transfer,migration", "which parts to run; a part left out keeps its figures from -out's mobility.json")
 	rewrite := flag.Bool("rewrite", false, "only write README.md and mobility.png again from -out's mobility.json (no cluster, no root)")
 	flag.Parse()
 	run := run
@@ -96,6 +108,21 @@ func run(c config) error {
 	if _, err := resource.ParseQuantity(c.size); err != nil {
 		return fmt.Errorf("-size %q: %w", c.size, err)
 	}
+	for _, q := range []struct {
+		flag, v string
+		to      *int64
+	}{{"-migrate-data", c.migrateDataQ, &c.migrateData}, {"-migrate-changed", c.migrateChangeQ, &c.migrateChanged}} {
+		v, err := resource.ParseQuantity(q.v)
+		if err != nil || v.Value() < 1<<20 {
+			return fmt.Errorf("%s %q: want a quantity of at least 1Mi", q.flag, q.v)
+		}
+		*q.to = v.Value()
+	}
+	transfers, migrations := strings.Contains(c.parts, "transfer"), strings.Contains(c.parts, "migration")
+	var earlier Result
+	if b, err := os.ReadFile(filepath.Join(c.out, jsonName)); err == nil {
+		_ = json.Unmarshal(b, &earlier)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// Up brings the cluster up, or brings a running one up to date with
@@ -119,7 +146,7 @@ func run(c config) error {
 	if _, err := b.kubectl(ctx, "create", "namespace", namespace); err != nil {
 		return err
 	}
-	for r := 1; r <= c.rounds; r++ {
+	for r := 1; transfers && r <= c.rounds; r++ {
 		round, err := b.round(ctx, r, data.Value())
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r, err)
@@ -127,6 +154,19 @@ func run(c config) error {
 		res.Rounds = append(res.Rounds, round)
 		b.logf("round %d: %s of data; plain copy %s (%.0f MiB/s), transfer %s (%.0f MiB/s): %.2fx; restore ready after %s",
 			r, mib(round.DataBytes), round.Copy, round.CopyRate(), round.Transfer, round.TransferRate(), round.Ratio(), round.Wall)
+	}
+	if !transfers {
+		res.Size, res.DataBytes, res.Rounds = earlier.Size, earlier.DataBytes, earlier.Rounds
+	}
+	for r := 1; migrations && r <= c.migrations; r++ {
+		m, err := b.migration(ctx, r)
+		if err != nil {
+			return fmt.Errorf("migration %d: %w", r, err)
+		}
+		res.Migrations = append(res.Migrations, m)
+	}
+	if !migrations {
+		res.Migrations = earlier.Migrations
 	}
 	res.Took = time.Since(b.start).Round(time.Second)
 	res.Machine = fmt.Sprintf("%s, %d CPUs, kernel %s, load average %s (1, 5, 15 min) at the end", plot.CPUModel(), plot.NumCPU(), plot.Uname(), plot.LoadAvg())

@@ -25,6 +25,7 @@ type Result struct {
 	DataBytes      int64 // asked for
 	Source, Target string
 	Rounds         []Round
+	Migrations     []Migration `json:",omitempty"`
 }
 
 // Round is one snapshot moved both ways.
@@ -149,6 +150,25 @@ func Markdown(res *Result) string {
 	p("decryption, CRCs, writes) and the network stack between them compete for %s, where `cp` is one process", cpus(res.Machine))
 	p("and two real nodes would each have their own.")
 	p("The rounds' figures are in `%s`.", jsonName)
+	if len(res.Migrations) > 0 {
+		p("")
+		p("## A volume that follows its pod off a drained node")
+		p("")
+		p("| drain | volume | data | first copy (pod running) | written after it | last copy (pod gone) | cordon to ready | pod down | emptyDir pod down | down / emptyDir | data intact |")
+		p("|---|---|---|---|---|---|---|---|---|---|---|")
+		for i, m := range res.Migrations {
+			p("| %d | %s | %s | %s in %s | %s | %s | %s | %s | %s | %.1f× | %v |", i+1, m.Size, mib(m.DataBytes), mib(m.FirstCopyBytes), m.FirstCopy.Round(10*time.Millisecond),
+				mib(m.ChangedBytes), mib(m.FinalCopyBytes), m.Migrate, m.Downtime, m.EmptyDirRestart, m.DowntimeRatio(), m.Intact)
+		}
+		p("")
+		p("Each drain: a one-replica StatefulSet on %s whose claim (`podvol-xfs`) is annotated `podvol.io/migrate-on-drain`", res.Source)
+		p("writes its data and checksums; the node is cordoned (the migration starts: a clone of the claim on another node,")
+		p("pulled while the pod runs); once the target's plugin has the first copy the pod writes more; then `kubectl drain`")
+		p("evicts it, the target pulls what changed since the first copy, the claim is re-made bound to the copy, and the")
+		p("replica starts on the target and checks its files. *pod down* is the drain's start to the new pod ready; the")
+		p("emptyDir replica, drained the same way, restarts elsewhere with nothing to wait for. The pod's downtime includes")
+		p("external-provisioner's retry of `CreateVolume` (at most 30 s apart) after the last copy is done.")
+	}
 	return b.String()
 }
 

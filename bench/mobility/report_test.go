@@ -40,3 +40,16 @@ func TestReport(t *testing.T) {
 		t.Error("empty plot")
 	}
 }
+
+// A migration's row gives its copies, its downtime and the ratio to the
+// emptyDir replica's.
+func TestReportMigration(t *testing.T) {
+	res := &Result{Source: "node-1", Migrations: []Migration{{Size: "10Gi", DataBytes: 2 << 30, ChangedBytes: 256 << 20, FirstCopyBytes: 2 << 30,
+		FirstCopy: 6 * time.Second, FinalCopyBytes: 257 << 20, Migrate: 40 * time.Second, Downtime: 12 * time.Second, EmptyDirRestart: 4 * time.Second, Intact: true}}}
+	if r := res.Migrations[0].DowntimeRatio(); math.Abs(r-3) > 1e-9 {
+		t.Fatalf("downtime ratio %v, want 3", r)
+	}
+	if md := Markdown(res); !strings.Contains(md, "| 1 | 10Gi | 2048 MiB | 2048 MiB in 6s | 256 MiB | 257 MiB | 40s | 12s | 4s | 3.0× | true |") {
+		t.Errorf("the report's migration row:\n%s", md)
+	}
+}
