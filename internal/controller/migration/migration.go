@@ -214,7 +214,7 @@ func (r *Reconciler) start(ctx context.Context, pv *corev1.PersistentVolume) (re
 		"node %s is cordoned: copying this claim's volume (%s) to node %s while its pod runs, the rest once the pod is gone; claim %s shows the copy's progress",
 		nodeName, pv.Spec.CSI.VolumeHandle, target, CloneName(pvc.UID))
 	log.FromContext(ctx).Info("Migration started", "pv", pv.Name, "claim", pvc.Namespace+"/"+pvc.Name, "from", nodeName, "to", target)
-	return reconcile.Result{Requeue: true}, nil
+	return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 }
 
 // pickTarget is the schedulable node, other than the PV's, with room for
@@ -354,7 +354,7 @@ func (r *Reconciler) copying(ctx context.Context, pv *corev1.PersistentVolume) (
 	}
 	r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, "MigrationCopied", "Migrate",
 		"this claim's volume is copied to node %s (PV %s): switching the claim to it", pv.Annotations[names.MigrationTarget], clone.Spec.VolumeName)
-	return reconcile.Result{Requeue: true}, nil
+	return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 }
 
 // cloneFor is the claim that copies pv's volume to the target: a clone of
@@ -611,7 +611,7 @@ func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume)
 	r.Recorder.Eventf(old, newPV, corev1.EventTypeNormal, "MigrationSwitched", "Migrate",
 		"this claim is bound to its volume's copy on node %s (PV %s); the old volume (PV %s) is deleted once a pod runs with the copy", pv.Annotations[names.MigrationTarget], newPV.Name, pv.Name)
 	logger.Info("Migration switched", "claim", old.Namespace+"/"+old.Name, "newPV", newPV.Name)
-	return reconcile.Result{Requeue: true}, nil
+	return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 }
 
 // runningPods are the pods on a node that use the claim and have not
