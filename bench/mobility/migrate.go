@@ -105,9 +105,9 @@ func (b *bench) evictAndWait(ctx context.Context, name string) (time.Time, time.
 	}
 	pod := name + "-0"
 	_, err := b.await(ctx, pod+" ready on another node", func() (string, error) {
-		node, _ := b.cl.Get(ctx, namespace, "pod/"+pod, "{.spec.nodeName}")
-		ready, _ := b.cl.Get(ctx, namespace, "pod/"+pod, `{.status.conditions[?(@.type=="Ready")].status}`)
-		if node == "" || node == b.source.Name || ready != "True" {
+		node, err := b.cl.Get(ctx, namespace, "pod/"+pod, "{.spec.nodeName}")
+		ready, rerr := b.cl.Get(ctx, namespace, "pod/"+pod, `{.status.conditions[?(@.type=="Ready")].status}`)
+		if err != nil || rerr != nil || node == "" || node == b.source.Name || ready != "True" {
 			return "", nil
 		}
 		return node, nil
@@ -141,9 +141,9 @@ func (b *bench) migration(ctx context.Context, r int) (Migration, error) {
 	}
 	clone := "podvol-move-" + uid
 	volume, err := b.await(ctx, "the copy's claim", func() (string, error) {
-		u, _ := b.cl.Get(ctx, namespace, "pvc/"+clone, "{.metadata.uid}")
-		if u == "" {
-			return "", nil
+		u, err := b.cl.Get(ctx, namespace, "pvc/"+clone, "{.metadata.uid}")
+		if err != nil || u == "" {
+			return "", nil // not made yet
 		}
 		return "pvc-" + u, nil
 	})

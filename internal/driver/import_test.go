@@ -213,34 +213,38 @@ func TestCutForTransfer(t *testing.T) {
 }
 
 // A migration's pull reads the pre-copy's snapshot while the volume is
-// staged and the final one once it is not; after the final one is cut the
-// volume is not staged here again (a write would not follow it) until that
-// snapshot is gone.
+// staged and the volume itself once it is not, marking it moving; a moving
+// volume is not staged here again (a write would not follow it) until the
+// mark is cleared.
 func TestCutForMove(t *testing.T) {
 	ctx := context.Background()
 	f := newFakeNode(t)
 	id, staging := f.createStaged(nil)
 	claim := store.Claim{Namespace: "team-a", Name: "data-moving", UID: "0b1c2d3e-0000-4000-8000-00000000000b"}
-	p, first, final, err := f.d.CutForMove(id, claim)
-	if err != nil || final || first.Name != pool.TransferSnapshotName(claim.UID) {
-		t.Fatalf("cut of a staged volume: %+v, final %v, %v: want the pre-copy's", first, final, err)
+	p, first, moving, err := f.d.CutForMove(id, claim)
+	if err != nil || moving != nil || first == nil || first.Name != pool.TransferSnapshotName(claim.UID) {
+		t.Fatalf("cut of a staged volume: %+v, moving %v, %v: want the pre-copy's snapshot", first, moving, err)
 	}
 	if _, err := f.d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)
 	}
-	_, last, final, err := f.d.CutForMove(id, claim)
-	if err != nil || !final || last.Name != pool.FinalTransferSnapshotName(claim.UID) {
-		t.Fatalf("cut of an unstaged volume: %+v, final %v, %v: want the final one", last, final, err)
+	_, again, moving, err := f.d.CutForMove(id, claim)
+	if err != nil || moving == nil || moving.Moving == nil || moving.Moving.Claim != claim || again == nil || again.ID != first.ID {
+		t.Fatalf("cut of an unstaged volume: %+v, %+v, %v: want the volume marked moving and the first snapshot", again, moving, err)
 	}
 	_, err = f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwop()})
-	wantCode(t, err, codes.FailedPrecondition, "stage after the final cut")
+	wantCode(t, err, codes.FailedPrecondition, "stage of a moving volume")
 	if !strings.Contains(err.Error(), "being moved to another node") {
 		t.Errorf("the refusal does not say why: %v", err)
 	}
-	if err := p.DeleteSnapshot(last.ID); err != nil {
+	other := store.Claim{Namespace: "team-a", Name: "other", UID: "0b1c2d3e-0000-4000-8000-00000000000c"}
+	if _, _, _, err := f.d.CutForMove(id, other); !errors.Is(err, errkind.ErrConflict) {
+		t.Fatalf("a second migration of a moving volume: %v, want a conflict", err)
+	}
+	if err := p.ClearMoving(id); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwop()}); err != nil {
-		t.Fatalf("stage once the migration's final snapshot is gone: %v", err)
+		t.Fatalf("stage once the mark is cleared: %v", err)
 	}
 }

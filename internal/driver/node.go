@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -63,13 +64,12 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, err
 	}
 	defer d.locks.Lock(req.GetVolumeId())()
-	// A migration has cut the volume's last data for another node: a write
-	// here now would not follow it.
-	if s, err := pl.Pool.MovedBy(req.GetVolumeId()); err != nil {
-		return nil, toStatus(err)
-	} else if s != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is being moved to another node (its final data was cut for claim %s/%s, snapshot %s): it is not staged here again; "+
-			"its claim is re-made on the new node, or, if the migration is cancelled, this volume may be staged once that snapshot is deleted", req.GetVolumeId(), s.For.Namespace, s.For.Name, s.ID)
+	// A migration has taken the volume's last data for another node: a
+	// write here now would not follow it.
+	if v, err := pl.Pool.Store().Volume(req.GetVolumeId()); err == nil && v.Moving != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is being moved to another node (its last data was taken for claim %s/%s at %s): it is not staged here again; "+
+			"its claim is re-made on the new node, or, if the migration is cancelled, this volume may be staged once podvol notices (within a minute)",
+			req.GetVolumeId(), v.Moving.Claim.Namespace, v.Moving.Claim.Name, v.Moving.Since.Format(time.RFC3339))
 	}
 	err = pl.Node.Stage(ctx, node.StageRequest{
 		VolumeID:    req.GetVolumeId(),

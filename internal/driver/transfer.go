@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/podvol/podvol/internal/errkind"
@@ -29,38 +30,46 @@ func (d *Driver) CutForTransfer(id string, claim store.Claim) (*pool.Pool, *stor
 	return pl.Pool, s, nil
 }
 
-// CutForMove returns the snapshot of volume id that a migration's pull
-// for claim reads, cut the first time it is asked for, under the volume's
-// lock, and whether it is the last: while the volume is staged (a pod may
-// write it) the pre-copy's (pool.TransferSnapshotName), once it is not the
-// final one (pool.FinalTransferSnapshotName), after which the volume is
-// not staged here again until the final snapshot is gone (NodeStageVolume
-// refuses: the volume's data is on its way to another node, and a write
-// here would be lost).
-func (d *Driver) CutForMove(id string, claim store.Claim) (*pool.Pool, *store.Snapshot, bool, error) {
+// CutForMove returns what a migration's pull for claim reads of volume
+// id, decided under the volume's lock: while the volume is staged (a pod
+// may write it), the snapshot cut for the pre-copy
+// (pool.TransferSnapshotName; moving is nil); once it is not, the volume
+// itself, marked moving (pool.MarkMoving), with that snapshot if there is
+// one. A moving volume is not staged here again (NodeStageVolume refuses:
+// its data is on its way to another node, and a write here would be lost)
+// and does not change, so it is served as it is: the last copy takes no
+// room. Without room in the pool for the pre-copy's snapshot the answer is
+// errkind.ErrInUse: the data is copied once no pod uses the volume.
+func (d *Driver) CutForMove(id string, claim store.Claim) (p *pool.Pool, first *store.Snapshot, moving *store.Volume, err error) {
 	name, ok := pool.PoolOf(id)
 	pl := d.pools[name]
 	if !ok || !pool.ValidID(id) || pl == nil {
-		return nil, nil, false, fmt.Errorf("volume %q is not in a pool of node %s: %w", id, d.cfg.NodeID, errkind.ErrNotFound)
+		return nil, nil, nil, fmt.Errorf("volume %q is not in a pool of node %s: %w", id, d.cfg.NodeID, errkind.ErrNotFound)
 	}
-	// Snapshot names before the volume, as CreateSnapshot locks: which of
-	// the two is cut depends on the volume's state, read under its lock.
-	first, last := pool.TransferSnapshotName(claim.UID), pool.FinalTransferSnapshotName(claim.UID)
-	defer d.locks.Lock("snapshot/" + first)()
-	defer d.locks.Lock("snapshot/" + last)()
+	snap := pool.TransferSnapshotName(claim.UID)
+	// The snapshot's name before the volume, as CreateSnapshot locks.
+	defer d.locks.Lock("snapshot/" + snap)()
 	defer d.locks.Lock(id)()
 	v, err := pl.Pool.ReadyVolume(id)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, nil, err
 	}
-	final := v.Stage == nil && len(v.Publications) == 0
-	snap := first
-	if final {
-		snap = last
+	if v.Moving == nil && (v.Stage != nil || len(v.Publications) > 0) {
+		s, err := pl.Pool.CreateSnapshot(pool.SnapshotRequest{Name: snap, SourceID: id, Quiesce: pl.Node.Quiesce, For: &claim})
+		if errors.Is(err, errkind.ErrNoSpace) {
+			return nil, nil, nil, fmt.Errorf("no room in pool %s for a snapshot of volume %s while a pod uses it (%w): its data is copied once no pod does: %w", name, id, err, errkind.ErrInUse)
+		}
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return pl.Pool, s, nil, nil
 	}
-	s, err := pl.Pool.CreateSnapshot(pool.SnapshotRequest{Name: snap, SourceID: id, Quiesce: pl.Node.Quiesce, For: &claim})
-	if err != nil {
-		return nil, nil, false, err
+	if v, err = pl.Pool.MarkMoving(id, claim); err != nil {
+		return nil, nil, nil, err
 	}
-	return pl.Pool, s, final, nil
+	s, err := pl.Pool.Store().SnapshotByName(snap)
+	if err != nil || s.State != store.Ready || s.SourceID != id {
+		s = nil
+	}
+	return pl.Pool, s, v, nil
 }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 	"github.com/podvol/podvol/internal/transfer"
@@ -166,14 +167,20 @@ func setup(t *testing.T) *nodes {
 					return n.src, s, err
 				},
 				// The driver's CutForMove, with "staged" a flag.
-				Move: func(id string, c store.Claim) (*pool.Pool, *store.Snapshot, bool, error) {
-					final := !n.inUse.Load()
-					name := pool.TransferSnapshotName(c.UID)
-					if final {
-						name = pool.FinalTransferSnapshotName(c.UID)
+				Move: func(id string, c store.Claim) (*pool.Pool, *store.Snapshot, *store.Volume, error) {
+					if n.inUse.Load() {
+						s, err := n.src.CreateSnapshot(pool.SnapshotRequest{Name: pool.TransferSnapshotName(c.UID), SourceID: id, For: &c})
+						return n.src, s, nil, err
 					}
-					s, err := n.src.CreateSnapshot(pool.SnapshotRequest{Name: name, SourceID: id, For: &c})
-					return n.src, s, final, err
+					v, err := n.src.MarkMoving(id, c)
+					if err != nil {
+						return nil, nil, nil, err
+					}
+					s, err := n.src.Store().SnapshotByName(pool.TransferSnapshotName(c.UID))
+					if err != nil {
+						s = nil
+					}
+					return n.src, s, v, nil
 				}},
 			Authorizer: n.authz,
 		})
@@ -498,8 +505,8 @@ func TestSweeperDeletesWhatNoClaimNeeds(t *testing.T) {
 
 // A migration's pull copies the volume while it is in use, waits, saying
 // so, until it is not, then pulls what changed since its first copy: the
-// copy is the volume as it was last written, and the source keeps both
-// snapshots for the sweep (a resumed pull needs them).
+// copy is the volume as it was last written; the source keeps the first
+// snapshot for the sweep and the volume marked moving.
 func TestImportMovesAVolumeInUse(t *testing.T) {
 	n := setup(t)
 	n.authz.move = true
@@ -563,10 +570,49 @@ func TestImportMovesAVolumeInUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(left) != 2 {
-		t.Errorf("%d snapshots cut for the move left on the source, want the first and the final one for the sweep", len(left))
+	if len(left) != 1 {
+		t.Errorf("%d snapshots cut for the move left on the source, want the first one for the sweep (the last copy is of the volume)", len(left))
 	}
-	if s, err := n.src.MovedBy(n.vol.ID); err != nil || s == nil {
-		t.Errorf("MovedBy: %v, %v: want the final snapshot", s, err)
+	if v, err := n.src.Store().Volume(n.vol.ID); err != nil || v.Moving == nil || v.Moving.Claim.UID != "uid-moved" {
+		t.Errorf("the source volume after its last data was taken: %+v, %v: want it marked moving for the claim", v, err)
+	}
+}
+
+// A volume marked moving stays so while its copy's claim exists (bound or
+// not) or its PV carries a migration's phase (switching, switched); once
+// neither (a migration cancelled), the sweep lets it be staged again.
+func TestSweeperClearsCancelledMoves(t *testing.T) {
+	p := openPool(t)
+	mark := func(name, claim string) *store.Volume {
+		v, err := p.CreateVolume(context.Background(), pool.CreateRequest{Name: name, SizeBytes: 16 << 20, FsType: "ext4"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.MarkMoving(v.ID, store.Claim{Namespace: "team-a", Name: claim, UID: "u-" + claim}); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	pending, bound, switched, cancelled := mark("a", "pending"), mark("b", "bound"), mark("c", "switched"), mark("d", "cancelled")
+	pv := func(handle string, phase string) *corev1.PersistentVolume {
+		return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-" + handle, Annotations: map[string]string{names.MigrationPhase: phase}},
+			Spec: corev1.PersistentVolumeSpec{PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: names.Driver, VolumeHandle: handle}}}}
+	}
+	kc := fake.NewClientset(
+		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "pending", UID: "u-pending"}},
+		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "bound", UID: "u-bound"}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pv-new"}},
+		pv(switched.ID, names.MigrationSwitched), pv(cancelled.ID, ""))
+	(Sweeper{Client: kc, Pools: []*pool.Pool{p}}).Sweep(context.Background())
+	for _, c := range []struct {
+		v      *store.Volume
+		moving bool
+	}{{pending, true}, {bound, true}, {switched, true}, {cancelled, false}} {
+		got, err := p.Store().Volume(c.v.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (got.Moving != nil) != c.moving {
+			t.Errorf("volume %s (claim %s): moving %v, want %v", c.v.Name, c.v.Name, got.Moving != nil, c.moving)
+		}
 	}
 }

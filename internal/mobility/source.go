@@ -36,10 +36,11 @@ type Images struct {
 	// first time (the driver's CutForTransfer); nil: volumes are not
 	// served.
 	Cut func(id string, claim store.Claim) (*pool.Pool, *store.Snapshot, error)
-	// Move returns the snapshot of volume id that a migration's pull for
-	// claim reads, and whether it is the last (the driver's CutForMove);
-	// nil: volumes are not moved.
-	Move func(id string, claim store.Claim) (*pool.Pool, *store.Snapshot, bool, error)
+	// Move returns what a migration's pull for claim reads of volume id
+	// (the driver's CutForMove): the pre-copy's snapshot, and, once the
+	// volume is no longer in use, the volume marked moving; nil: volumes
+	// are not moved.
+	Move func(id string, claim store.Claim) (*pool.Pool, *store.Snapshot, *store.Volume, error)
 }
 
 func (im Images) Open(_ context.Context, r transfer.Request) (transfer.Image, error) {
@@ -76,46 +77,45 @@ func (im Images) Open(_ context.Context, r transfer.Request) (transfer.Image, er
 
 // move serves a migration: while the volume is in use, the snapshot cut
 // for the pre-copy, with More (a pull that already holds it is told to
-// come back: errkind.ErrInUse); once it is not, the final snapshot, only
-// what changed since the pre-copy's if the caller holds that. Neither is
-// deleted when sent: a pull of the last changes needs the first, a resumed
-// one its own; Sweeper deletes them once the claim is bound.
+// come back: errkind.ErrInUse); once it is not, the volume's own image
+// (marked moving, it no longer changes), only what changed since the
+// pre-copy's snapshot if the caller holds that. The snapshot is not
+// deleted when sent: a pull of the last changes needs it; Sweeper deletes
+// it once the claim is bound.
 func (im Images) move(r transfer.Request) (transfer.Image, error) {
 	claim := store.Claim{Namespace: r.Claim.Namespace, Name: r.Claim.Name, UID: r.Claim.UID}
-	p, s, final, err := im.Move(r.Source, claim)
+	p, first, moving, err := im.Move(r.Source, claim)
 	if err != nil {
-		return transfer.Image{}, fmt.Errorf("snapshot volume %s for the migration of claim %s: %w", r.Source, r.Claim, err)
+		return transfer.Image{}, fmt.Errorf("volume %s, for the migration of claim %s: %w", r.Source, r.Claim, err)
 	}
-	if !final {
-		img, err := open(p, s, nil)
-		if err != nil {
-			return img, err
-		}
+	if moving == nil {
 		if r.Since != "" {
-			img.File.Close()
 			return transfer.Image{}, fmt.Errorf("volume %s is in use on this node: the rest of its data is sent once no pod uses it: %w", r.Source, errkind.ErrInUse)
 		}
+		img, err := open(p, first, nil)
 		img.More = true
-		return img, nil
-	}
-	img, err := open(p, s, nil)
-	if err != nil || r.Since == "" {
 		return img, err
 	}
-	first, err := p.Store().SnapshotByName(pool.TransferSnapshotName(claim.UID))
-	if err != nil || first.State != store.Ready || first.SourceID != r.Source {
-		// The pre-copy's snapshot is gone: the final one goes whole.
-		return img, nil
-	}
-	base, err := open(p, first, nil)
+	f, err := os.Open(p.ImagePath(moving.ID))
 	if err != nil {
+		return transfer.Image{}, fmt.Errorf("volume %s's image: %w", moving.ID, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return transfer.Image{}, err
+	}
+	img := transfer.Image{File: f, Size: fi.Size(), Identity: fmt.Sprintf("%s@moving-%d", moving.ID, moving.Moving.Since.UnixNano())}
+	if r.Since == "" || first == nil {
 		return img, nil
 	}
-	if base.Identity != r.Since {
-		base.File.Close()
-		return img, nil
+	if base, err := open(p, first, nil); err == nil {
+		if base.Identity == r.Since {
+			img.Base = base.File
+		} else {
+			base.File.Close()
+		}
 	}
-	img.Base = base.File
 	return img, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 )
@@ -69,8 +70,48 @@ func (s Sweeper) Sweep(ctx context.Context) int {
 			deleted++
 			klog.InfoS("Deleted a snapshot cut for a clone on another node", "snapshot", snap.ID, "volume", snap.SourceID, "claim", snap.For.Namespace+"/"+snap.For.Name, "because", why)
 		}
+		s.sweepMoving(ctx, p)
 	}
 	return deleted
+}
+
+// sweepMoving lets the volumes whose migration was cancelled be staged
+// again: their copy's claim is gone and their PV (if any) no longer
+// carries a migration's phase. A volume whose migration switched keeps
+// its mark: its claim lives on another node now.
+func (s Sweeper) sweepMoving(ctx context.Context, p *pool.Pool) {
+	vols, err := p.MovingVolumes()
+	if err != nil || len(vols) == 0 {
+		if err != nil {
+			klog.ErrorS(err, "Cannot list the volumes being moved", "pool", p.Name())
+		}
+		return
+	}
+	pvs, err := s.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		klog.ErrorS(err, "Cannot list PVs to tell whether migrations are over")
+		return
+	}
+	for _, v := range vols {
+		why, err := s.done(ctx, &v.Moving.Claim)
+		if err != nil || why == "" || why == "the claim is bound" {
+			continue
+		}
+		migrating := false
+		for _, pv := range pvs.Items {
+			if pv.Spec.CSI != nil && pv.Spec.CSI.VolumeHandle == v.ID && pv.Annotations[names.MigrationPhase] != "" {
+				migrating = true
+			}
+		}
+		if migrating {
+			continue
+		}
+		if err := p.ClearMoving(v.ID); err != nil {
+			klog.ErrorS(err, "Cannot let a volume whose migration was cancelled be staged again", "volume", v.ID)
+			continue
+		}
+		klog.InfoS("A volume's migration was cancelled: it may be staged again", "volume", v.ID, "claim", v.Moving.Claim.Namespace+"/"+v.Moving.Claim.Name, "because", why)
+	}
 }
 
 // done says why claim no longer needs its snapshot; "" if it may.

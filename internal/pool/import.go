@@ -154,3 +154,48 @@ func (p *Pool) importing(id string) (*store.Volume, error) {
 	}
 	return v, nil
 }
+
+// MarkMoving records that volume id's last data is being taken for claim
+// by a migration (once; the same claim again is a no-op): from then on the
+// volume is not staged here until ClearMoving. A volume staged or published
+// is in use (errkind.ErrInUse): a pod may still write it.
+func (p *Pool) MarkMoving(id string, claim store.Claim) (*store.Volume, error) {
+	return p.store.Update(id, func(v *store.Volume) error {
+		switch {
+		case v.State != store.Ready:
+			return fmt.Errorf("volume %s is %s: %w", id, v.State, errkind.ErrNotFound)
+		case v.Moving != nil && v.Moving.Claim.UID == claim.UID:
+			return nil
+		case v.Moving != nil:
+			return fmt.Errorf("volume %s is moving for claim %s/%s already: %w", id, v.Moving.Claim.Namespace, v.Moving.Claim.Name, errkind.ErrConflict)
+		case v.Stage != nil || len(v.Publications) > 0:
+			return fmt.Errorf("volume %s is staged: %w", id, errkind.ErrInUse)
+		}
+		v.Moving = &store.Moving{Claim: claim, Since: time.Now().UTC()}
+		return nil
+	})
+}
+
+// ClearMoving lets volume id be staged again (its migration was cancelled).
+func (p *Pool) ClearMoving(id string) error {
+	_, err := p.store.Update(id, func(v *store.Volume) error {
+		v.Moving = nil
+		return nil
+	})
+	return err
+}
+
+// MovingVolumes lists the volumes a migration took the last data of.
+func (p *Pool) MovingVolumes() ([]*store.Volume, error) {
+	vols, err := p.store.Volumes()
+	if err != nil {
+		return nil, err
+	}
+	var out []*store.Volume
+	for _, v := range vols {
+		if v.Moving != nil {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}

@@ -33,25 +33,6 @@ type SnapshotRequest struct {
 // reads the same image.
 func TransferSnapshotName(claimUID string) string { return "transfer-" + claimUID }
 
-// FinalTransferSnapshotName is the name of the snapshot a migration's
-// source cuts once the volume is no longer staged: the last of its data.
-func FinalTransferSnapshotName(claimUID string) string { return "transfer-" + claimUID + "-final" }
-
-// MovedBy returns the final snapshot a migration cut of volume id, if there
-// is one (nil if not): the volume's data is on its way to another node.
-func (p *Pool) MovedBy(id string) (*store.Snapshot, error) {
-	snaps, err := p.TransferSnapshots()
-	if err != nil {
-		return nil, err
-	}
-	for _, s := range snaps {
-		if s.SourceID == id && s.Name == FinalTransferSnapshotName(s.For.UID) {
-			return s, nil
-		}
-	}
-	return nil, nil
-}
-
 // TransferSnapshots lists the snapshots cut for claims on other nodes.
 func (p *Pool) TransferSnapshots() ([]*store.Snapshot, error) {
 	snaps, err := p.store.Snapshots()

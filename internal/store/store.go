@@ -81,6 +81,9 @@ type Volume struct {
 	Inline *Inline `json:"inline,omitempty"`
 	// Import is how far the pull of an Importing volume has got.
 	Import *Import `json:"import,omitempty"`
+	// Moving is set once a migration took the volume's last data for
+	// another node: the volume is not staged here again while it is.
+	Moving *Moving `json:"moving,omitempty"`
 
 	Stage        *Stage                  `json:"stage,omitempty"`
 	Publications map[string]*Publication `json:"publications,omitempty"`
@@ -122,6 +125,12 @@ type Import struct {
 	// Base is the image the copy held whole before Identity's changes
 	// (a migration's pre-copy); with no Identity, the copy is Base.
 	Base string `json:"base,omitempty"`
+}
+
+// Moving names the claim a migration's last data was taken for, and when.
+type Moving struct {
+	Claim Claim     `json:"claim"`
+	Since time.Time `json:"since"`
 }
 
 // Stage records a NodeStageVolume: the loop device and, for filesystem
