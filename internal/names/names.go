@@ -67,6 +67,9 @@ const (
 	MigrationClaim      = "podvol.io/migration-claim"
 	MigrationPhase      = "podvol.io/migration-phase"
 	MigrationStarted    = "podvol.io/migration-started"
+	// MigrationClaimDeleted records the UID of the claim the switch
+	// deleted, before it does: only that claim is made again.
+	MigrationClaimDeleted = "podvol.io/migration-claim-deleted"
 	// MigrationVolume names the PV of the copy, once it is bound.
 	MigrationVolume = "podvol.io/migration-volume"
 	// MigrationReclaim keeps a PV's reclaim policy while the migration

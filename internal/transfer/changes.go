@@ -35,9 +35,16 @@ func changedSpans(img, base *os.File, off, size int64) ([]span, error) {
 	if err != nil {
 		return nil, fmt.Errorf("map the base image's extents: %w", err)
 	}
+	// Both lists are in logical order and do not overlap within one file:
+	// one pass over each.
 	var same []interval
+	j := 0
 	for _, n := range ne {
-		for _, b := range be {
+		for j < len(be) && be[j].end() <= n.logical {
+			j++
+		}
+		for k := j; k < len(be) && be[k].logical < n.end(); k++ {
+			b := be[k]
 			lo, hi := max(n.logical, b.logical), min(n.end(), b.end())
 			if lo >= hi || !n.exact() || !b.exact() || n.unwritten() != b.unwritten() {
 				continue

@@ -341,6 +341,14 @@ func (r *Reconciler) copying(ctx context.Context, pv *corev1.PersistentVolume) (
 			"claim %s/%s is in the way of this claim's migration (it is not podvol-controller's copy of PV %s): delete it, and the migration goes on", clone.Namespace, clone.Name, pv.Name)
 		return reconcile.Result{RequeueAfter: 30 * time.Second}, nil
 	}
+	if clone.Spec.VolumeName == "" && clone.Annotations[names.SelectedNode] != pv.Annotations[names.MigrationTarget] {
+		// The target's provisioner gave the copy back (no room after
+		// all): start again, on a node chosen anew.
+		if _, err := r.cancel(ctx, pv, pvc, fmt.Sprintf("node %s gave the copy back (%s is now %q)", pv.Annotations[names.MigrationTarget], names.SelectedNode, clone.Annotations[names.SelectedNode])); err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{RequeueAfter: 30 * time.Second}, nil
+	}
 	if clone.Spec.VolumeName == "" || clone.Status.Phase != corev1.ClaimBound {
 		return reconcile.Result{RequeueAfter: r.poll()}, nil
 	}
@@ -487,6 +495,9 @@ func (r *Reconciler) restoreReclaim(ctx context.Context, pv *corev1.PersistentVo
 func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume) (reconcile.Result, error) {
 	logger := log.FromContext(ctx).WithValues("pv", pv.Name)
 	ref := pv.Spec.ClaimRef
+	if ref == nil {
+		return reconcile.Result{}, fmt.Errorf("PV %s, being switched, names no claim any more: left to an admin", pv.Name)
+	}
 	newPV := &corev1.PersistentVolume{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: pv.Annotations[names.MigrationVolume]}, newPV); err != nil {
 		return reconcile.Result{}, fmt.Errorf("read the migration's new PV %s: %w", pv.Annotations[names.MigrationVolume], err)
@@ -570,10 +581,22 @@ func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume)
 	case err == nil && string(old.UID) == stash.Annotations[names.StashOldUID]:
 		if old.DeletionTimestamp == nil {
 			if running, err := r.runningPods(ctx, old); err != nil || len(running) > 0 {
+				if err == nil && r.deleteStuck(ctx, running, topology.Node(pv), pv.Annotations[names.MigrationTarget]) {
+					return reconcile.Result{RequeueAfter: time.Second}, nil
+				}
 				if err == nil {
 					r.Recorder.Eventf(old, pv, corev1.EventTypeNormal, "MigrationWaiting", "Migrate", "pod %s on node %s still uses this claim: it is switched to node %s once no pod on a node does", running[0].Name, running[0].Spec.NodeName, pv.Annotations[names.MigrationTarget])
 				}
 				return reconcile.Result{RequeueAfter: r.poll()}, err
+			}
+			// Recorded first: a claim found gone is made again only if
+			// this controller deleted it (not its user, meanwhile).
+			if pv.Annotations[names.MigrationClaimDeleted] != string(old.UID) {
+				patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+				pv.Annotations[names.MigrationClaimDeleted] = string(old.UID)
+				if err := r.Client.Patch(ctx, pv, patch); err != nil {
+					return reconcile.Result{}, err
+				}
 			}
 			r.Recorder.Eventf(old, pv, corev1.EventTypeNormal, "MigrationSwitch", "Delete", "deleting this claim to make it again bound to its volume's copy on node %s (PV %s)", pv.Annotations[names.MigrationTarget], newPV.Name)
 			if err := r.Client.Delete(ctx, old, client.Preconditions{UID: &old.UID}); err != nil && !apierrors.IsNotFound(err) {
@@ -581,6 +604,8 @@ func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume)
 			}
 		}
 		return reconcile.Result{RequeueAfter: time.Second}, nil
+	case apierrors.IsNotFound(err) && pv.Annotations[names.MigrationClaimDeleted] != stash.Annotations[names.StashOldUID]:
+		return r.abandonSwitch(ctx, pv, newPV, stash)
 	case apierrors.IsNotFound(err):
 		if err := r.Client.Create(ctx, next); err != nil && !apierrors.IsAlreadyExists(err) {
 			return reconcile.Result{}, fmt.Errorf("make claim %s/%s again: %w", next.Namespace, next.Name, err)
@@ -614,6 +639,26 @@ func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume)
 	return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 }
 
+// deleteStuck deletes the pods that are on the moving volume's node and
+// have not started (the plugin there refuses to stage a moving volume: a
+// pod that tolerates the cordon, or came after an uncordon, waits for
+// ever), so that their owners make them again, for the new node; true if
+// it deleted any.
+func (r *Reconciler) deleteStuck(ctx context.Context, pods []corev1.Pod, node, target string) bool {
+	deleted := false
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.NodeName != node || p.Status.Phase != corev1.PodPending {
+			continue
+		}
+		r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, "MigrationSwitch", "Delete", "this pod cannot start on node %s: its volume's data has moved to node %s; deleted so that its owner makes it again for the new node", node, target)
+		if err := r.Client.Delete(ctx, p, client.Preconditions{UID: &p.UID}); err == nil || apierrors.IsNotFound(err) {
+			deleted = true
+		}
+	}
+	return deleted
+}
+
 // runningPods are the pods on a node that use the claim and have not
 // finished.
 func (r *Reconciler) runningPods(ctx context.Context, pvc *corev1.PersistentVolumeClaim) ([]corev1.Pod, error) {
@@ -631,12 +676,22 @@ func (r *Reconciler) cleanUp(ctx context.Context, pv *corev1.PersistentVolume) (
 		return reconcile.Result{}, nil
 	}
 	ref := pv.Spec.ClaimRef
+	if ref == nil {
+		return r.restoreReclaimResult(ctx, pv)
+	}
+	// Live, not from the cache: right after the switch the cache may still
+	// show the old claim, or not yet the new one, and the old volume is
+	// the fallback until a pod runs with the copy.
 	pvc := &corev1.PersistentVolumeClaim{}
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, pvc)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, pvc)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
-	if err == nil && pvc.Spec.VolumeName == pv.Annotations[names.MigrationVolume] {
+	if err == nil && pvc.Spec.VolumeName != pv.Annotations[names.MigrationVolume] {
+		// Not (yet) the claim made again: wait.
+		return reconcile.Result{RequeueAfter: r.poll()}, nil
+	}
+	if err == nil {
 		pods, err := r.runningPods(ctx, pvc)
 		if err != nil {
 			return reconcile.Result{}, err
@@ -649,9 +704,40 @@ func (r *Reconciler) cleanUp(ctx context.Context, pv *corev1.PersistentVolume) (
 	}
 	// A pod runs with the copy (or the claim is gone: nothing waits for
 	// the old volume).
+	return r.restoreReclaimResult(ctx, pv)
+}
+
+func (r *Reconciler) restoreReclaimResult(ctx context.Context, pv *corev1.PersistentVolume) (reconcile.Result, error) {
 	if err := r.restoreReclaim(ctx, pv); err != nil {
 		return reconcile.Result{}, err
 	}
 	log.FromContext(ctx).Info("Migration done: the old volume goes by its reclaim policy", "pv", pv.Name, "policy", pv.Spec.PersistentVolumeReclaimPolicy)
 	return reconcile.Result{}, nil
+}
+
+// abandonSwitch ends a switch whose claim its user deleted meanwhile:
+// nothing is made again; the copy's PV is pointed at the deleted claim
+// (so the PV controller releases it and, by its policy, deletes it), both
+// PVs get their policies back, and the stash goes.
+func (r *Reconciler) abandonSwitch(ctx context.Context, pv, newPV *corev1.PersistentVolume, stash *corev1.ConfigMap) (reconcile.Result, error) {
+	if cr := newPV.Spec.ClaimRef; cr != nil && cr.UID == "" {
+		patch := client.MergeFromWithOptions(newPV.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		newPV.Spec.ClaimRef.UID = types.UID(stash.Annotations[names.StashOldUID])
+		if err := r.Client.Patch(ctx, newPV, patch); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	if err := r.restoreReclaim(ctx, newPV); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.Client.Delete(ctx, stash, client.Preconditions{UID: &stash.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	pv.Annotations[names.MigrationPhase] = names.MigrationSwitched
+	if err := r.Client.Patch(ctx, pv, patch); err != nil {
+		return reconcile.Result{}, err
+	}
+	log.FromContext(ctx).Info("Migration abandoned: its claim was deleted during the switch", "pv", pv.Name, "newPV", newPV.Name)
+	return r.restoreReclaimResult(ctx, pv)
 }

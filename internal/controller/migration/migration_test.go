@@ -315,3 +315,55 @@ func TestSwitchRefusesAnotherPV(t *testing.T) {
 		t.Fatalf("the other PV was changed: %+v", got.Spec)
 	}
 }
+
+// A claim its user deleted during the switch is not made again: the copy's
+// PV is pointed at the deleted claim (released, then deleted by its
+// policy), both PVs get their policies back, the stash goes.
+func TestSwitchDoesNotBringBackADeletedClaim(t *testing.T) {
+	ctx := context.Background()
+	pv := copying("node-b")
+	pv.Annotations[names.MigrationPhase] = names.MigrationSwitching
+	pv.Annotations[names.MigrationVolume] = "pv-new"
+	pv.Annotations[names.MigrationReclaim] = "Delete"
+	pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+	newPV := pvOn("pv-new", "node-b", "pv-0123456789abcdef0123456f", &corev1.ObjectReference{Namespace: ns, Name: "data-db-0"})
+	newPV.Annotations = map[string]string{names.MigratedFrom: "pv-old", names.MigrationReclaim: "Delete"}
+	newPV.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+	stash := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: stashNS, Name: stashName("pv-old"),
+		Annotations: map[string]string{names.StashClaim: ns + "/data-db-0", names.StashOldUID: string(claimID)}},
+		Data: map[string]string{stashKey: `{"metadata":{"namespace":"team-a","name":"data-db-0"},"spec":{"volumeName":"pv-new"}}`}}
+	e := newEnv(t, node("node-a", true), node("node-b", false), pv, newPV, stash)
+	for range 3 {
+		e.reconcile(t)
+	}
+	if err := e.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "data-db-0"}, &corev1.PersistentVolumeClaim{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the claim its user deleted: %v, want it not made again", err)
+	}
+	got := e.pv(t, "pv-new")
+	if got.Spec.ClaimRef.UID != claimID || got.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete {
+		t.Errorf("the copy's PV: claimRef %+v, policy %s; want it pointed at the deleted claim, Delete", got.Spec.ClaimRef, got.Spec.PersistentVolumeReclaimPolicy)
+	}
+	if p := e.pv(t, "pv-old").Spec.PersistentVolumeReclaimPolicy; p != corev1.PersistentVolumeReclaimDelete {
+		t.Errorf("the old PV's policy is %s, want Delete back", p)
+	}
+	if err := e.c.Get(ctx, client.ObjectKeyFromObject(stash), &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the stash: %v, want it gone", err)
+	}
+}
+
+// A copy its target gave back (external-provisioner removes the selected
+// node when the node has no room after all) is given up, so that the
+// migration starts again on a node chosen anew.
+func TestCopyGivenBackStartsAgain(t *testing.T) {
+	old := claim(optedIn)
+	clone := (&Reconciler{}).cloneFor(copying("node-b"), old)
+	delete(clone.Annotations, names.SelectedNode)
+	e := newEnv(t, node("node-a", true), node("node-b", false), old, clone, copying("node-b"))
+	e.reconcile(t)
+	if err := e.c.Get(context.Background(), client.ObjectKeyFromObject(clone), &corev1.PersistentVolumeClaim{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the copy given back: %v, want it deleted", err)
+	}
+	if pv := e.pv(t, "pv-old"); pv.Annotations[names.MigrationTarget] != "" {
+		t.Errorf("the PV keeps its target: %v", pv.Annotations)
+	}
+}
