@@ -26,18 +26,7 @@ import (
 // port gets nothing: the handshake wants a node's certificate.
 func testRestoreOnAnotherNode(t *testing.T) {
 	n := ns(t)
-	pvc(t, n, "data", "podvol-xfs", "512Mi", "")
-	pod(t, n, "writer", "dd if=/dev/urandom of=/vol/blob bs=1M count=64 2>/dev/null && cd /vol && sha256sum blob > sum && sync",
-		"persistentVolumeClaim: {claimName: data}")
-	waitPod(t, n, "writer")
-	source := podNode(t, n, "writer")
-	applyFile(t, "snapshot.yaml", map[string]string{"NS": n})
-	eventually(t, 3*time.Minute, func() string {
-		if r, _ := cluster.Get(ctx(t), n, "volumesnapshot/snap", "{.status.readyToUse}"); r != "true" {
-			return "snapshot not ready: " + r
-		}
-		return ""
-	})
+	source := writtenSnapshot(t, n, 64)
 	other := ""
 	for _, name := range cluster.NodeNames() {
 		if name != source.Name {
@@ -93,6 +82,26 @@ spec:
 		t.Fatalf("a tenant's pod reached the transfer endpoint: %q, want the TLS handshake refused", out)
 	}
 	t.Logf("a tenant's pod asking %s: %s", url, strings.TrimSpace(out))
+}
+
+// writtenSnapshot makes claim data in namespace n, where a pod writes mib
+// MiB of random data (/vol/blob) and its checksum (/vol/sum), and a ready
+// VolumeSnapshot snap of it; it returns the pod's node.
+func writtenSnapshot(t *testing.T, n string, mib int) *devcluster.Node {
+	t.Helper()
+	pvc(t, n, "data", "podvol-xfs", "512Mi", "")
+	pod(t, n, "writer", fmt.Sprintf("dd if=/dev/urandom of=/vol/blob bs=1M count=%d 2>/dev/null && cd /vol && sha256sum blob > sum && sync", mib),
+		"persistentVolumeClaim: {claimName: data}")
+	waitPod(t, n, "writer")
+	source := podNode(t, n, "writer")
+	applyFile(t, "snapshot.yaml", map[string]string{"NS": n})
+	eventually(t, 3*time.Minute, func() string {
+		if r, _ := cluster.Get(ctx(t), n, "volumesnapshot/snap", "{.status.readyToUse}"); r != "true" {
+			return "snapshot not ready: " + r
+		}
+		return ""
+	})
+	return source
 }
 
 // testCloneOnAnotherNode: a clone its source's node has no room for lands
@@ -400,18 +409,7 @@ func testDrainMigratesData(t *testing.T) {
 // snapshot's node (a reflink), the pod follows, and it reads the data.
 func testBackupMoverPattern(t *testing.T) {
 	n := ns(t)
-	pvc(t, n, "data", "podvol-xfs", "512Mi", "")
-	pod(t, n, "writer", "dd if=/dev/urandom of=/vol/blob bs=1M count=32 2>/dev/null && cd /vol && sha256sum blob > sum && sync",
-		"persistentVolumeClaim: {claimName: data}")
-	waitPod(t, n, "writer")
-	source := podNode(t, n, "writer")
-	applyFile(t, "snapshot.yaml", map[string]string{"NS": n})
-	eventually(t, 3*time.Minute, func() string {
-		if r, _ := cluster.Get(ctx(t), n, "volumesnapshot/snap", "{.status.readyToUse}"); r != "true" {
-			return "snapshot not ready: " + r
-		}
-		return ""
-	})
+	source := writtenSnapshot(t, n, 32)
 	handle := get(t, "", "volumesnapshotcontent/"+get(t, n, "volumesnapshot/snap", "{.status.boundVolumeSnapshotContentName}"), "{.status.snapshotHandle}")
 
 	mover := nsNamed(t, n+"-mover")
