@@ -41,9 +41,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/podvol/podvol/internal/names"
@@ -107,8 +110,20 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 				}
 			}
 			return reqs
-		})).
+		}), builder.WithPredicates(cordonChanged)).
 		Complete(r)
+}
+
+// cordonChanged passes the Node events that can start or cancel a
+// migration: a node's kubelet updates its Node's status every few seconds,
+// and each would otherwise list every PV.
+var cordonChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, okOld := e.ObjectOld.(*corev1.Node)
+		n, okNew := e.ObjectNew.(*corev1.Node)
+		return !okOld || !okNew || o.Spec.Unschedulable != n.Spec.Unschedulable
+	},
+	GenericFunc: func(event.GenericEvent) bool { return false },
 }
 
 // CloneName is the name of the claim that copies claim uid's volume.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/podvol/podvol/internal/names"
@@ -365,5 +366,19 @@ func TestCopyGivenBackStartsAgain(t *testing.T) {
 	}
 	if pv := e.pv(t, "pv-old"); pv.Annotations[names.MigrationTarget] != "" {
 		t.Errorf("the PV keeps its target: %v", pv.Annotations)
+	}
+}
+
+// Only a change of a Node's cordon wakes the PVs on it: the status
+// updates its kubelet makes every few seconds do not.
+func TestCordonChanged(t *testing.T) {
+	for _, c := range []struct {
+		old, new bool
+		want     bool
+	}{{false, true, true}, {true, false, true}, {false, false, false}, {true, true, false}} {
+		e := event.UpdateEvent{ObjectOld: node("node-a", c.old), ObjectNew: node("node-a", c.new)}
+		if got := cordonChanged.Update(e); got != c.want {
+			t.Errorf("unschedulable %v -> %v: %v, want %v", c.old, c.new, got, c.want)
+		}
 	}
 }
