@@ -197,7 +197,7 @@ func recount(t *testing.T, p *pool.Pool) string {
 		}
 	}
 	for _, s := range snaps {
-		want.SnapshotBytes += s.SizeBytes
+		want.SnapshotBytes += s.Held()
 	}
 	if got := p.Store().Usage(); got != want {
 		return fmt.Sprintf("the store's totals are %+v, its records add up to %+v", got, want)

@@ -185,9 +185,14 @@ func (p *Pool) ImagePath(id string) string { return filepath.Join(p.volDir, id+"
 func (p *Pool) Reflink() bool { return p.reflink }
 
 // Capacity returns the configured capacity and what volumes and snapshots
-// take of it. A snapshot counts its full size: it shares extents with its
-// source at first, but every later write to the source unshares some, so
-// only the full size is a promise the pool can keep. It reads the store's
+// take of it. A volume counts its full size, whatever its sparse image holds.
+// A snapshot counts the blocks its image held when cut (Snapshot.Held): it
+// shares them with its source at first, and each later write to the source
+// unshares one, but the new block is the source's, inside the source's full
+// size; the snapshot's own image never changes. So a volume and its
+// snapshots can never need more than the volume's size and the blocks each
+// snapshot held, which is what is admitted: the promise stays whole without
+// charging a snapshot of a nearly empty volume for all of it. It reads the store's
 // running total, so neither GetCapacity nor an admission (under p.mu) costs
 // more as volumes accumulate.
 func (p *Pool) Capacity() (total, allocated int64) {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/errkind"
@@ -71,18 +72,26 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	// What the source holds now is what the snapshot will hold, unless
+	// it is written before the cut (a raw block volume is not frozen):
+	// settleHeld admits that difference after.
+	held, err := heldBytes(p.ImagePath(src.ID), src.SizeBytes)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of volume %s: %w", src.ID, err)
+	}
 	snap = &store.Snapshot{
 		ID:        p.newID(kindSnapshot),
 		Name:      r.Name,
 		SourceID:  src.ID,
 		SizeBytes: src.SizeBytes,
+		HeldBytes: &held,
 		FsType:    src.FsType,
 		State:     store.Creating,
 		Created:   time.Now().UTC(),
 		For:       r.For,
 	}
 	p.mu.Lock()
-	err = p.admit(snap.SizeBytes)
+	err = p.admit(held)
 	if err == nil {
 		err = p.store.CreateSnapshot(snap)
 	}
@@ -100,7 +109,56 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 		}
 		return nil, fmt.Errorf("snapshot of volume %s: %w", src.ID, err)
 	}
-	return p.store.UpdateSnapshot(snap.ID, func(s *store.Snapshot) { s.State = store.Ready })
+	var done *store.Snapshot
+	ready, err := p.settleHeld([]*store.Snapshot{snap}, func() (err error) {
+		done, err = p.store.UpdateSnapshot(snap.ID, func(s *store.Snapshot) { s.HeldBytes, s.State = snap.HeldBytes, store.Ready })
+		return err
+	})
+	if !ready {
+		if rerr := p.removeSnapshot(snap.ID); rerr != nil {
+			klog.ErrorS(rerr, "Removing a snapshot that does not fit", "snapshot", snap.ID)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of volume %s: %w", src.ID, err)
+	}
+	return done, nil
+}
+
+// heldBytes is what an image holds of its pool's filesystem (its allocated
+// blocks), at most size: the capacity a snapshot cut from it takes.
+func heldBytes(path string, size int64) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("blocks of image %s: %w", filepath.Base(path), err)
+	}
+	return min(st.Blocks*512, size), nil
+}
+
+// settleHeld makes the cut snapshots' records say what their images hold,
+// and commits them with commit, under the pool's lock: a source written
+// between the measure and the cut gave its snapshot more blocks than were
+// admitted, and that difference must fit too. ready is false when it does
+// not (err wraps ErrNoSpace), or the images cannot be measured: the
+// snapshots must then be removed.
+func (p *Pool) settleHeld(snaps []*store.Snapshot, commit func() error) (ready bool, err error) {
+	var more int64
+	for _, s := range snaps {
+		held, err := heldBytes(p.SnapshotPath(s.ID), s.SizeBytes)
+		if err != nil {
+			return false, err
+		}
+		more += held - s.Held()
+		s.HeldBytes = &held
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if more > 0 {
+		if err := p.admit(more); err != nil {
+			return false, fmt.Errorf("written while being cut, the snapshot holds %d bytes more than admitted: %w", more, err)
+		}
+	}
+	return true, commit()
 }
 
 // copyVolume copies a volume's image to dst, quiescing the volume around the

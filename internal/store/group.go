@@ -57,8 +57,18 @@ func (s *Store) CreateGroup(g *Group, snaps []*Snapshot) error {
 // SetGroupState sets the state of a group and of every member snapshot it
 // still has, in one transaction.
 func (s *Store) SetGroupState(id, state string) (*Group, error) {
+	return s.setGroupState(id, state, nil)
+}
+
+// SetGroupReady makes a group and its members Ready, each member holding
+// held[its id] bytes of its pool (Snapshot.HeldBytes), in one transaction.
+func (s *Store) SetGroupReady(id string, held map[string]int64) (*Group, error) {
+	return s.setGroupState(id, Ready, held)
+}
+
+func (s *Store) setGroupState(id, state string, held map[string]int64) (*Group, error) {
 	var g *Group
-	err := s.ledger.write(s.db, func(tx *bolt.Tx, _ *Usage) error {
+	err := s.ledger.write(s.db, func(tx *bolt.Tx, change *Usage) error {
 		var err error
 		if g, err = s.groups.read(tx, id); err != nil {
 			return err
@@ -76,6 +86,11 @@ func (s *Store) SetGroupState(id, state string) (*Group, error) {
 				return fmt.Errorf("snapshot %s is not a member of group %s", m.SnapshotID, id)
 			}
 			snap.State = state
+			if h, ok := held[snap.ID]; ok {
+				before := snapshotUsage(snap)
+				snap.HeldBytes = &h
+				*change = change.plus(snapshotUsage(snap).minus(before))
+			}
 			if err := s.snapshots.write(tx, snap); err != nil {
 				return err
 			}

@@ -42,7 +42,7 @@ func volumeUsage(v *Volume) Usage {
 	return u
 }
 
-func snapshotUsage(s *Snapshot) Usage { return Usage{Snapshots: 1, SnapshotBytes: s.SizeBytes} }
+func snapshotUsage(s *Snapshot) Usage { return Usage{Snapshots: 1, SnapshotBytes: s.Held()} }
 
 // ledger is the running total of Usage, so that capacity questions (asked
 // by every GetCapacity, and by every admission under the pool's lock) cost

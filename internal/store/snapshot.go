@@ -10,10 +10,16 @@ import (
 // Snapshot is a point-in-time copy of a volume, kept as its own image. It
 // outlives its source volume.
 type Snapshot struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	SourceID  string    `json:"sourceId"`
-	SizeBytes int64     `json:"sizeBytes"`
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	SourceID  string `json:"sourceId"`
+	SizeBytes int64  `json:"sizeBytes"`
+	// HeldBytes is what the snapshot takes of its pool's capacity: the
+	// blocks its image held when it was cut. A snapshot's image never
+	// changes, so that is all it can ever pin; its source's later writes
+	// go to blocks its source's own size pays for. Absent in records made
+	// before it was kept: SizeBytes is counted then (Held).
+	HeldBytes *int64    `json:"heldBytes,omitempty"`
 	FsType    string    `json:"fsType"`
 	State     string    `json:"state"` // Creating, Ready, Deleting
 	Created   time.Time `json:"created"`
@@ -24,6 +30,15 @@ type Snapshot struct {
 	// be pulled from (a clone that moves): it is not a VolumeSnapshot's,
 	// and goes once the claim is bound or gone.
 	For *Claim `json:"for,omitempty"`
+}
+
+// Held is what the snapshot takes of its pool's capacity (HeldBytes, or
+// its full size for a record without it).
+func (s *Snapshot) Held() int64 {
+	if s.HeldBytes != nil {
+		return *s.HeldBytes
+	}
+	return s.SizeBytes
 }
 
 // Claim names a PersistentVolumeClaim, as of its UID.
