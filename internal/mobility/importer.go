@@ -7,6 +7,7 @@ package mobility
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -18,10 +19,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/errkind"
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
 	"github.com/podvol/podvol/internal/topology"
@@ -221,7 +224,10 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 			if err = im.claimStands(ctx, v); err == nil {
 				if _, err = p.FinishImport(ctx, v.ID); err == nil {
 					im.done.Add(1)
-					log.Info("Pulled a volume's data", "duration", time.Since(j.started).Round(time.Millisecond), "bytes", j.copied+res.Sent, "changesSince", res.Base)
+					took := time.Since(j.started).Round(time.Millisecond)
+					log.Info("Pulled a volume's data", "duration", took, "bytes", j.copied+res.Sent, "changesSince", res.Base)
+					im.tellClaim(ctx, v, fmt.Sprintf("%s of %s %s pulled from node %s in %s and verified",
+						humanBytes(j.copied+res.Sent), v.Source.Kind, v.Source.ID, v.Source.Node, took))
 					return
 				}
 			}
@@ -317,6 +323,38 @@ func (im *Importer) claimStands(ctx context.Context, v *store.Volume) error {
 		return fmt.Errorf("claim %s/%s was deleted during the copy (UID %s now, %s before): %w", imp.ClaimNamespace, imp.ClaimName, pvc.UID, imp.ClaimUID, errkind.ErrNotFound)
 	}
 	return nil
+}
+
+// tellClaim sets the claim's DataCopied condition once its volume is
+// ready. Only a hint, so a failure is logged and not retried: the
+// provisioner's own retry still comes.
+func (im *Importer) tellClaim(ctx context.Context, v *store.Volume, msg string) {
+	if im.Claims == nil {
+		return
+	}
+	imp := v.Import
+	patch, err := DataCopiedPatch(imp.ClaimUID, msg)
+	if err == nil {
+		_, err = im.Claims.CoreV1().PersistentVolumeClaims(imp.ClaimNamespace).Patch(ctx, imp.ClaimName,
+			types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	}
+	if err != nil {
+		klog.FromContext(ctx).Info("Cannot set the claim's condition; its provisioner finds the volume ready at its next retry",
+			"claim", imp.ClaimNamespace+"/"+imp.ClaimName, "condition", names.DataCopied, "err", err)
+	}
+}
+
+// DataCopiedPatch is the strategic merge patch of a claim's status that
+// sets its DataCopied condition, for the claim of that UID only (not one
+// made again under its name).
+func DataCopiedPatch(claimUID, message string) ([]byte, error) {
+	return json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": claimUID},
+		"status": map[string]any{"conditions": []corev1.PersistentVolumeClaimCondition{{
+			Type: names.DataCopied, Status: corev1.ConditionTrue, Reason: "Verified", Message: message,
+			LastTransitionTime: metav1.Now(),
+		}}},
+	})
 }
 
 func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) (transfer.Result, error) {

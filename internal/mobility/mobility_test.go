@@ -380,6 +380,22 @@ func TestImportChecksTheClaimBeforeReady(t *testing.T) {
 			if c.ready != (err == nil) || (!c.ready && (!errors.Is(err, errkind.ErrNotFound) || !strings.Contains(err.Error(), "deleted during the copy"))) {
 				t.Errorf("Failed: %v", err)
 			}
+			// A ready volume's claim says so, which wakes its provisioner.
+			if c.ready {
+				pvc, err := n.im.Claims.CoreV1().PersistentVolumeClaims("team-a").Get(context.Background(), "restored", metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var cond *corev1.PersistentVolumeClaimCondition
+				for i := range pvc.Status.Conditions {
+					if pvc.Status.Conditions[i].Type == names.DataCopied {
+						cond = &pvc.Status.Conditions[i]
+					}
+				}
+				if cond == nil || cond.Status != corev1.ConditionTrue || !strings.Contains(cond.Message, "pulled from node node-a") {
+					t.Errorf("the claim's conditions after the copy: %+v", pvc.Status.Conditions)
+				}
+			}
 		})
 	}
 }

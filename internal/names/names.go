@@ -80,6 +80,14 @@ const (
 	MigratedFrom = "podvol.io/migrated-from"
 )
 
+// DataCopied is the condition a claim's node sets on it once the data a
+// restore or clone pulls from another node is in and verified (status
+// True, the message saying what moved). Besides telling the user, the
+// update wakes external-provisioner, whose next CreateVolume for the claim
+// would otherwise wait out its retry backoff (up to --retry-interval-max):
+// a migrating pod's downtime.
+const DataCopied = "podvol.io/DataCopied"
+
 // Phases of a migration, on the PV being moved.
 const (
 	MigrationCopying   = "Copying"

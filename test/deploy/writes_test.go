@@ -15,6 +15,7 @@ import (
 	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/podvol/podvol/internal/mobility"
 	"github.com/podvol/podvol/internal/names"
 )
 
@@ -276,6 +277,22 @@ func (e *env) testClaims(t *testing.T) {
 	}), "changes more")
 	refused(t, e.nodeB, "mark another driver's claim resizing", patchStatus(e.nodeB, "foreign", resizing), "not provisioned by podvol.io")
 	refused(t, e.unbound, "mark a podvol claim resizing", patchStatus(e.unbound, "data", resizing), "names no node")
+
+	// A restore's or clone's node says its data is in (the plugin's own
+	// patch); the same patch cannot reach a claim made again.
+	copied := func(id *identity, name, uid string) error {
+		patch, err := mobility.DataCopiedPatch(uid, "1 GiB of snapshot snap-x pulled from node node-b in 9s and verified")
+		must(t, err)
+		_, err = id.kc.CoreV1().PersistentVolumeClaims("tenant").Patch(bg, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+		return err
+	}
+	data, err := claims.Get(bg, "data", metav1.GetOptions{})
+	must(t, err)
+	allowed(t, e.nodeA, "say a podvol claim's data is copied", copied(e.nodeA, "data", string(data.UID)))
+	if err := copied(e.nodeA, "data", "another-uid"); err == nil {
+		t.Error("node-a set the condition of a claim of another UID")
+	}
+	refused(t, e.nodeA, "say another driver's claim's data is copied", copied(e.nodeA, "foreign", ""), "not provisioned by podvol.io")
 
 	// Other users are not concerned.
 	allowed(t, e.admin, "label a claim and select any node", update(e.admin, "foreign", func(c *corev1.PersistentVolumeClaim) {
