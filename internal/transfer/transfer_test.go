@@ -40,7 +40,7 @@ type ca struct {
 	pool *x509.CertPool
 }
 
-func newCA(t *testing.T) *ca {
+func newCA(t testing.TB) *ca {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -67,7 +67,7 @@ func newCA(t *testing.T) *ca {
 var serial int64 = 100
 
 // creds issues a certificate with the common name cn, trusted by c's roots.
-func (c *ca) creds(t *testing.T, cn string) creds {
+func (c *ca) creds(t testing.TB, cn string) creds {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -190,7 +190,7 @@ func (a *authz) Authorize(_ context.Context, r *Request) error {
 }
 
 // serve runs h on 127.0.0.1 with c's credentials until the test ends.
-func serve(t *testing.T, c creds, h http.Handler) string {
+func serve(t testing.TB, c creds, h http.Handler) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -226,7 +226,7 @@ func random(n int) []byte {
 }
 
 // makeImage writes a sparse image of size with data at the extents.
-func makeImage(t *testing.T, path string, size int64, ext []extent) {
+func makeImage(t testing.TB, path string, size int64, ext []extent) {
 	t.Helper()
 	f, err := os.Create(path)
 	if err != nil {
@@ -281,7 +281,7 @@ type fixture struct {
 	server *Server
 }
 
-func newFixture(t *testing.T, limiter *rate.Limiter, wrap func(http.Handler) http.Handler) *fixture {
+func newFixture(t testing.TB, limiter *rate.Limiter, wrap func(http.Handler) http.Handler) *fixture {
 	t.Helper()
 	fx := &fixture{dir: t.TempDir(), ca: newCA(t), authz: &authz{}}
 	fx.images = &files{dir: fx.dir}
@@ -295,11 +295,11 @@ func newFixture(t *testing.T, limiter *rate.Limiter, wrap func(http.Handler) htt
 	return fx
 }
 
-func (fx *fixture) pull(t *testing.T, source string, dst *os.File) *Pull {
+func (fx *fixture) pull(t testing.TB, source string, dst *os.File) *Pull {
 	return &Pull{Client: Client(fx.target, "node-a"), Address: fx.addr, Source: source, Claim: testClaim, Dst: dst}
 }
 
-func openDst(t *testing.T) (*os.File, string) {
+func openDst(t testing.TB) (*os.File, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "copy.img")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
@@ -935,4 +935,31 @@ func xfsReflink(t *testing.T) string {
 		}
 	})
 	return dir
+}
+
+// BenchmarkPull is a pull of 256 MiB of random data over the loopback,
+// both ends in this process, the image in the page cache: the CPU a
+// transfer costs per byte (TLS, checksums, system calls), which is what
+// bounds it on nodes whose disks and network are faster than their CPUs.
+// go test -run - -bench Pull ./internal/transfer
+func BenchmarkPull(b *testing.B) {
+	fx := newFixture(b, nil, nil)
+	src := filepath.Join(fx.dir, "snap-1.img")
+	const size = 256 << 20
+	makeImage(b, src, size, []extent{{0, random(size)}})
+	b.SetBytes(size)
+	for b.Loop() {
+		dst, _ := openDst(b)
+		p := fx.pull(b, "snap-1", dst)
+		p.SyncEvery = 64 << 20
+		res, err := p.Run(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.Sent != size {
+			b.Fatalf("sent %d bytes, want %d", res.Sent, size)
+		}
+		dst.Close()
+		os.Remove(dst.Name())
+	}
 }
