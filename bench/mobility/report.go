@@ -167,7 +167,8 @@ func Markdown(res *Result) string {
 		p("evicts it, the target pulls what changed since the first copy, the claim is re-made bound to the copy, and the")
 		p("replica starts on the target and checks its files. *pod down* is the drain's start to the new pod ready; the")
 		p("emptyDir replica, drained the same way, restarts elsewhere with nothing to wait for. The pod's downtime includes")
-		p("external-provisioner's retry of `CreateVolume` (at most 30 s apart) after the last copy is done.")
+		p("the wait for the source's volume to be let go, the last copy, external-provisioner's `CreateVolume` (woken by the")
+		p("copy's claim's condition `podvol.io/DataCopied`), the switch of the claim, and the new pod's start.")
 	}
 	return b.String()
 }
