@@ -333,6 +333,8 @@ func (im *Importer) tellClaim(ctx context.Context, v *store.Volume, msg string) 
 		return
 	}
 	imp := v.Import
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second) // the job ends only when this does
+	defer cancel()
 	patch, err := DataCopiedPatch(imp.ClaimUID, msg)
 	if err == nil {
 		_, err = im.Claims.CoreV1().PersistentVolumeClaims(imp.ClaimNamespace).Patch(ctx, imp.ClaimName,

@@ -72,24 +72,18 @@ func (p *Pool) CreateGroupSnapshot(r GroupRequest) (*store.Group, []*store.Snaps
 	snaps := make([]*store.Snapshot, len(srcs))
 	var total int64
 	for i, src := range srcs {
-		// As for CreateSnapshot: admitted at what each source holds now.
-		held, err := heldBytes(p.ImagePath(src.ID), src.SizeBytes)
-		if err != nil {
-			return nil, nil, fmt.Errorf("group snapshot %q: %w", r.Name, err)
-		}
 		snaps[i] = &store.Snapshot{
 			ID:        p.newID(kindSnapshot),
 			Name:      g.ID + "/" + src.ID, // never a CSI name: a CreateSnapshot of it is refused (CreateSnapshot)
 			SourceID:  src.ID,
 			SizeBytes: src.SizeBytes,
-			HeldBytes: &held,
 			FsType:    src.FsType,
 			State:     store.Creating,
 			Created:   now,
 			GroupID:   g.ID,
 		}
 		g.Members = append(g.Members, store.GroupMember{SourceID: src.ID, SnapshotID: snaps[i].ID})
-		total += held
+		total += src.SizeBytes
 	}
 	p.mu.Lock()
 	err = p.admit(total)
@@ -110,22 +104,8 @@ func (p *Pool) CreateGroupSnapshot(r GroupRequest) (*store.Group, []*store.Snaps
 		}
 		return nil, nil, fmt.Errorf("group snapshot %q: %w", r.Name, err)
 	}
-	ready, err := p.settleHeld(snaps, func() error {
-		held := make(map[string]int64, len(snaps))
-		for _, s := range snaps {
-			held[s.ID] = s.Held()
-		}
-		var err error
-		g, err = p.store.SetGroupReady(g.ID, held)
-		return err
-	})
-	if !ready {
-		if rerr := p.removeGroup(g); rerr != nil {
-			klog.ErrorS(rerr, "Removing a group snapshot that does not fit", "group", g.ID)
-		}
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("group snapshot %q: %w", r.Name, err)
+	if g, err = p.store.SetGroupState(g.ID, store.Ready); err != nil {
+		return nil, nil, err
 	}
 	for _, s := range snaps {
 		s.State = store.Ready

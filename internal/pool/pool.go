@@ -185,14 +185,16 @@ func (p *Pool) ImagePath(id string) string { return filepath.Join(p.volDir, id+"
 func (p *Pool) Reflink() bool { return p.reflink }
 
 // Capacity returns the configured capacity and what volumes and snapshots
-// take of it. A volume counts its full size, whatever its sparse image holds.
-// A snapshot counts the blocks its image held when cut (Snapshot.Held): it
-// shares them with its source at first, and each later write to the source
-// unshares one, but the new block is the source's, inside the source's full
-// size; the snapshot's own image never changes. So a volume and its
-// snapshots can never need more than the volume's size and the blocks each
-// snapshot held, which is what is admitted: the promise stays whole without
-// charging a snapshot of a nearly empty volume for all of it. It reads the store's
+// take of it. A volume counts its full size, whatever its sparse image holds,
+// and so does a VolumeSnapshot's snapshot: it shares extents with its source
+// at first, but every later write to the source unshares some. A snapshot
+// cut for a transfer counts the blocks its image held when cut
+// (Snapshot.Held): its image never changes, and each block a later write to
+// the source needs is the source's, inside the source's full size, so the
+// promise stays whole; the pre-copy of a migration needs room for the
+// volume's data, not its size. (VolumeSnapshots could count the same way,
+// but kubectl podvol status adds a node's allocation up from the API, where
+// only their restore size is.) It reads the store's
 // running total, so neither GetCapacity nor an admission (under p.mu) costs
 // more as volumes accumulate.
 func (p *Pool) Capacity() (total, allocated int64) {
@@ -581,6 +583,17 @@ func (p *Pool) Unwritten() (fsFree, promised int64, err error) {
 		return 0, 0, err
 	}
 	_, allocated := p.Capacity()
+	// used counts the blocks a volume shares with a snapshot twice, once in
+	// each image; a snapshot charged its full size made up for that, and one
+	// charged what it holds (a transfer's) does not: add back the difference,
+	// so that this warning stays on the safe side.
+	snaps, err := p.store.Snapshots()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, s := range snaps {
+		allocated += s.SizeBytes - s.Held()
+	}
 	return fsFree, max(allocated-used, 0), nil
 }
 

@@ -72,26 +72,28 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	// What the source holds now is what the snapshot will hold, unless
-	// it is written before the cut (a raw block volume is not frozen):
-	// settleHeld admits that difference after.
-	held, err := heldBytes(p.ImagePath(src.ID), src.SizeBytes)
-	if err != nil {
-		return nil, fmt.Errorf("snapshot of volume %s: %w", src.ID, err)
-	}
 	snap = &store.Snapshot{
 		ID:        p.newID(kindSnapshot),
 		Name:      r.Name,
 		SourceID:  src.ID,
 		SizeBytes: src.SizeBytes,
-		HeldBytes: &held,
 		FsType:    src.FsType,
 		State:     store.Creating,
 		Created:   time.Now().UTC(),
 		For:       r.For,
 	}
+	if r.For != nil {
+		// What the source holds now is what the snapshot will hold,
+		// unless it is written before the cut (a raw block volume is not
+		// frozen): settleHeld admits that difference after.
+		held, err := heldBytes(p.ImagePath(src.ID), src.SizeBytes)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot of volume %s: %w", src.ID, err)
+		}
+		snap.HeldBytes = &held
+	}
 	p.mu.Lock()
-	err = p.admit(held)
+	err = p.admit(snap.Held())
 	if err == nil {
 		err = p.store.CreateSnapshot(snap)
 	}
@@ -109,8 +111,11 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 		}
 		return nil, fmt.Errorf("snapshot of volume %s: %w", src.ID, err)
 	}
+	if snap.HeldBytes == nil {
+		return p.store.UpdateSnapshot(snap.ID, func(s *store.Snapshot) { s.State = store.Ready })
+	}
 	var done *store.Snapshot
-	ready, err := p.settleHeld([]*store.Snapshot{snap}, func() (err error) {
+	ready, err := p.settleHeld(snap, func() (err error) {
 		done, err = p.store.UpdateSnapshot(snap.ID, func(s *store.Snapshot) { s.HeldBytes, s.State = snap.HeldBytes, store.Ready })
 		return err
 	})
@@ -135,22 +140,19 @@ func heldBytes(path string, size int64) (int64, error) {
 	return min(st.Blocks*512, size), nil
 }
 
-// settleHeld makes the cut snapshots' records say what their images hold,
-// and commits them with commit, under the pool's lock: a source written
-// between the measure and the cut gave its snapshot more blocks than were
-// admitted, and that difference must fit too. ready is false when it does
-// not (err wraps ErrNoSpace), or the images cannot be measured: the
-// snapshots must then be removed.
-func (p *Pool) settleHeld(snaps []*store.Snapshot, commit func() error) (ready bool, err error) {
-	var more int64
-	for _, s := range snaps {
-		held, err := heldBytes(p.SnapshotPath(s.ID), s.SizeBytes)
-		if err != nil {
-			return false, err
-		}
-		more += held - s.Held()
-		s.HeldBytes = &held
+// settleHeld makes the cut snapshot's record say what its image holds, and
+// commits it with commit, under the pool's lock: a source written between
+// the measure and the cut gave the snapshot more blocks than were admitted,
+// and that difference must fit too. ready is false when it does not (err
+// wraps ErrNoSpace), or the image cannot be measured: the snapshot must
+// then be removed.
+func (p *Pool) settleHeld(s *store.Snapshot, commit func() error) (ready bool, err error) {
+	held, err := heldBytes(p.SnapshotPath(s.ID), s.SizeBytes)
+	if err != nil {
+		return false, err
 	}
+	more := held - s.Held()
+	s.HeldBytes = &held
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if more > 0 {

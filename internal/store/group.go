@@ -57,18 +57,8 @@ func (s *Store) CreateGroup(g *Group, snaps []*Snapshot) error {
 // SetGroupState sets the state of a group and of every member snapshot it
 // still has, in one transaction.
 func (s *Store) SetGroupState(id, state string) (*Group, error) {
-	return s.setGroupState(id, state, nil)
-}
-
-// SetGroupReady makes a group and its members Ready, each member holding
-// held[its id] bytes of its pool (Snapshot.HeldBytes), in one transaction.
-func (s *Store) SetGroupReady(id string, held map[string]int64) (*Group, error) {
-	return s.setGroupState(id, Ready, held)
-}
-
-func (s *Store) setGroupState(id, state string, held map[string]int64) (*Group, error) {
 	var g *Group
-	err := s.ledger.write(s.db, func(tx *bolt.Tx, change *Usage) error {
+	err := s.ledger.write(s.db, func(tx *bolt.Tx, _ *Usage) error {
 		var err error
 		if g, err = s.groups.read(tx, id); err != nil {
 			return err
@@ -86,11 +76,6 @@ func (s *Store) setGroupState(id, state string, held map[string]int64) (*Group, 
 				return fmt.Errorf("snapshot %s is not a member of group %s", m.SnapshotID, id)
 			}
 			snap.State = state
-			if h, ok := held[snap.ID]; ok {
-				before := snapshotUsage(snap)
-				snap.HeldBytes = &h
-				*change = change.plus(snapshotUsage(snap).minus(before))
-			}
 			if err := s.snapshots.write(tx, snap); err != nil {
 				return err
 			}

@@ -14,11 +14,13 @@ type Snapshot struct {
 	Name      string `json:"name"`
 	SourceID  string `json:"sourceId"`
 	SizeBytes int64  `json:"sizeBytes"`
-	// HeldBytes is what the snapshot takes of its pool's capacity: the
-	// blocks its image held when it was cut. A snapshot's image never
-	// changes, so that is all it can ever pin; its source's later writes
-	// go to blocks its source's own size pays for. Absent in records made
-	// before it was kept: SizeBytes is counted then (Held).
+	// HeldBytes, if set, is what the snapshot takes of its pool's
+	// capacity: the blocks its image held when it was cut. A snapshot's
+	// image never changes, so that is all it can ever pin; its source's
+	// later writes go to blocks its source's own size pays for. Set for
+	// the snapshots cut for a transfer (For); a VolumeSnapshot's counts
+	// its full size (Held), as `kubectl podvol status` adds it up from the
+	// API's restore sizes.
 	HeldBytes *int64    `json:"heldBytes,omitempty"`
 	FsType    string    `json:"fsType"`
 	State     string    `json:"state"` // Creating, Ready, Deleting

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,17 +20,6 @@ func (e *env) snapshot(name, source string) *csi.Snapshot {
 	r, err := e.p.Controller().CreateSnapshot(ctx(e.t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: source})
 	e.must("CreateSnapshot "+name, err)
 	return r.GetSnapshot()
-}
-
-// heldBytes is what a snapshot takes of its pool: the blocks its image holds
-// (they never change after the cut), at most its size.
-func heldBytes(t *testing.T, poolDir, snapshotID string, size int64) int64 {
-	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Stat(filepath.Join(poolDir, "snapshots", strings.SplitN(snapshotID, "@", 2)[0]+".img"), &st); err != nil {
-		t.Fatalf("snapshot %s's image: %v", snapshotID, err)
-	}
-	return min(st.Blocks*512, size)
 }
 
 func (e *env) createFrom(name string, size int64, c *csi.VolumeCapability, src *csi.VolumeContentSource) (*csi.Volume, error) {
