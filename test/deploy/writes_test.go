@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -289,6 +290,16 @@ func (e *env) testClaims(t *testing.T) {
 	data, err := claims.Get(bg, "data", metav1.GetOptions{})
 	must(t, err)
 	allowed(t, e.nodeA, "say a podvol claim's data is copied", copied(e.nodeA, "data", string(data.UID)))
+	// Merged by type: the resizer's condition set above stays beside it.
+	data, err = claims.Get(bg, "data", metav1.GetOptions{})
+	must(t, err)
+	var have []string
+	for _, c := range data.Status.Conditions {
+		have = append(have, string(c.Type))
+	}
+	if !slices.Contains(have, names.DataCopied) || !slices.Contains(have, string(corev1.PersistentVolumeClaimFileSystemResizePending)) {
+		t.Errorf("the claim's conditions after the patch: %v, want %s beside the resizer's", have, names.DataCopied)
+	}
 	if err := copied(e.nodeA, "data", "another-uid"); err == nil {
 		t.Error("node-a set the condition of a claim of another UID")
 	}
