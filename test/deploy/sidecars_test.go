@@ -313,10 +313,10 @@ func groupSnapshotterBinary(t *testing.T) string {
 func groupSnapshot(t *testing.T, e *env, claim string) {
 	t.Helper()
 	kc := e.admin.kc
-	c, err := kc.CoreV1().PersistentVolumeClaims("tenant").Get(bg, claim, metav1.GetOptions{})
-	must(t, err)
-	c.Labels = map[string]string{"group": "g"}
-	_, err = kc.CoreV1().PersistentVolumeClaims("tenant").Update(bg, c, metav1.UpdateOptions{})
+	// A patch, not an update: snapshot-controller is still changing the
+	// claim's finalizers after the snapshot before this one.
+	_, err := kc.CoreV1().PersistentVolumeClaims("tenant").Patch(bg, claim, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"group":"g"}}}`), metav1.PatchOptions{})
 	must(t, err)
 	_, err = e.admin.dyn.Resource(vgsClassGVR).Create(bg, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotClass", "metadata": map[string]any{"name": "podvol"},
