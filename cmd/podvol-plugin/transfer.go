@@ -78,7 +78,7 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 				klog.ErrorS(err, "The transfer server failed: other nodes cannot pull from this one")
 			}
 		}()
-		go mobility.Sweeper{Client: kc, Pools: pools}.Run(ctx)
+		go (&mobility.Sweeper{Client: kc, Pools: pools}).Run(ctx)
 	}
 	im = &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc, Driver: names.Driver}
 	im.Start(ctx, pools)

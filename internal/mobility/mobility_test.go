@@ -505,7 +505,7 @@ func TestSweeperDeletesWhatNoClaimNeeds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := (Sweeper{Client: kc, Pools: []*pool.Pool{p}}).Sweep(context.Background()); n != 3 {
+	if n := (&Sweeper{Client: kc, Pools: []*pool.Pool{p}}).Sweep(context.Background()); n != 3 {
 		t.Errorf("swept %d snapshots, want 3", n)
 	}
 	for c, id := range cut {
@@ -516,6 +516,67 @@ func TestSweeperDeletesWhatNoClaimNeeds(t *testing.T) {
 	}
 	if _, err := p.ReadySnapshot(own.ID); err != nil {
 		t.Errorf("a VolumeSnapshot's snapshot was swept: %v", err)
+	}
+}
+
+// A volume pulled for a claim deleted before any PV named it is deleted
+// by the sweep, only after it has been seen so for the grace period; one
+// whose claim is still there, or that a PV names, is kept, the latter
+// for good (a PV kept by reclaim policy Retain and then deleted leaves its
+// volume to the admin).
+func TestSweeperDeletesVolumesPulledForNothing(t *testing.T) {
+	n := setup(t)
+	claim := func(name string) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: name, UID: types.UID("uid-" + name)}}
+	}
+	kc := fake.NewClientset(claim("gone"), claim("pending"), claim("retained"))
+	n.im.Claims = kc
+	pulled := map[string]*store.Volume{}
+	for _, name := range []string{"gone", "pending", "retained"} {
+		v, said := n.wait(t, n.restore(t, name, 64<<20, "ext4"))
+		if v == nil {
+			t.Fatalf("%s: not ready: %v", name, said)
+		}
+		if want := (store.Claim{Namespace: "team-a", Name: name, UID: "uid-" + name}); v.PulledFor == nil || *v.PulledFor != want {
+			t.Fatalf("%s: the ready volume records it was pulled for %+v, want %+v", name, v.PulledFor, want)
+		}
+		pulled[name] = v
+	}
+	ctx := context.Background()
+	for _, name := range []string{"gone", "retained"} {
+		if err := kc.CoreV1().PersistentVolumeClaims("team-a").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "retained"},
+		Spec: corev1.PersistentVolumeSpec{PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+			Driver: names.Driver, VolumeHandle: pulled["retained"].ID}}}}
+	if _, err := kc.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kept := func(when string, want map[string]bool) {
+		t.Helper()
+		for name, v := range pulled {
+			_, err := n.dst.Store().Volume(v.ID)
+			if errors.Is(err, store.ErrNotFound) == want[name] {
+				t.Errorf("%s: volume %s of claim %s kept %v, want %v", when, v.ID, name, err == nil, want[name])
+			}
+		}
+	}
+	s := &Sweeper{Client: kc, Pools: []*pool.Pool{n.dst}, Grace: 50 * time.Millisecond}
+	all := map[string]bool{"gone": true, "pending": true, "retained": true}
+	s.Sweep(ctx)
+	kept("first seen unclaimed", all)
+	s.Sweep(ctx)
+	kept("seen again within the grace period", all)
+	if err := kc.CoreV1().PersistentVolumes().Delete(ctx, "retained", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(60 * time.Millisecond)
+	s.Sweep(ctx)
+	kept("after the grace period", map[string]bool{"pending": true, "retained": true})
+	if _, err := os.Stat(n.dst.ImagePath(pulled["gone"].ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the deleted volume's image: %v", err)
 	}
 }
 
@@ -618,7 +679,7 @@ func TestSweeperClearsCancelledMoves(t *testing.T) {
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "pending", UID: "u-pending"}},
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "bound", UID: "u-bound"}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pv-new"}},
 		pv(switched.ID, names.MigrationSwitched), pv(cancelled.ID, ""))
-	(Sweeper{Client: kc, Pools: []*pool.Pool{p}}).Sweep(context.Background())
+	(&Sweeper{Client: kc, Pools: []*pool.Pool{p}}).Sweep(context.Background())
 	for _, c := range []struct {
 		v      *store.Volume
 		moving bool

@@ -19,15 +19,28 @@ import (
 // in use), deleted, or replaced by another of the same name. A pull sent to
 // its end deletes its snapshot at once; the sweep is for the rest (a pull
 // given up, a claim deleted mid-copy, a plugin stopped between).
+//
+// It also deletes the volumes pulled here for claims deleted before any PV
+// named them (the claim went after the copy was checked and before
+// external-provisioner's CreateVolume): nothing would ever delete them.
 type Sweeper struct {
 	Client kubernetes.Interface
 	Pools  []*pool.Pool
 	// Every is the pause between sweeps (1 minute if 0).
 	Every time.Duration
+	// Grace is how long a pulled volume must stay unnamed by any PV, its
+	// claim gone, before it is deleted (5 minutes if 0): longer than
+	// external-provisioner keeps trying to save the PV of a volume it was
+	// just given.
+	Grace time.Duration
+
+	// orphans: when each pulled volume was first seen with no PV and its
+	// claim gone.
+	orphans map[string]time.Time
 }
 
 // Run sweeps until ctx ends.
-func (s Sweeper) Run(ctx context.Context) {
+func (s *Sweeper) Run(ctx context.Context) {
 	every := s.Every
 	if every <= 0 {
 		every = time.Minute
@@ -46,7 +59,7 @@ func (s Sweeper) Run(ctx context.Context) {
 
 // Sweep deletes the transfer snapshots whose claims are done with them and
 // returns how many it deleted.
-func (s Sweeper) Sweep(ctx context.Context) int {
+func (s *Sweeper) Sweep(ctx context.Context) int {
 	deleted := 0
 	for _, p := range s.Pools {
 		snaps, err := p.TransferSnapshots()
@@ -71,15 +84,82 @@ func (s Sweeper) Sweep(ctx context.Context) int {
 			klog.InfoS("Deleted a snapshot cut for a clone on another node", "snapshot", snap.ID, "volume", snap.SourceID, "claim", snap.For.Namespace+"/"+snap.For.Name, "because", why)
 		}
 		s.sweepMoving(ctx, p)
+		s.sweepPulled(ctx, p)
 	}
 	return deleted
+}
+
+// sweepPulled deletes the volumes pulled for claims that went before any PV
+// named them, once they have been seen so for Grace, and forgets the claim
+// of those a PV names: a PV deleted later (reclaim policy Retain) leaves
+// its volume to the admin.
+func (s *Sweeper) sweepPulled(ctx context.Context, p *pool.Pool) {
+	vols, err := p.Pulled()
+	if err != nil || len(vols) == 0 {
+		if err != nil {
+			klog.ErrorS(err, "Cannot list the volumes pulled from other nodes", "pool", p.Name())
+		}
+		return
+	}
+	pvs, err := s.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		klog.ErrorS(err, "Cannot list PVs to tell whether pulled volumes are claimed")
+		return
+	}
+	named := map[string]bool{}
+	for _, pv := range pvs.Items {
+		if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == names.Driver {
+			named[pv.Spec.CSI.VolumeHandle] = true
+		}
+	}
+	grace := s.Grace
+	if grace <= 0 {
+		grace = 5 * time.Minute
+	}
+	if s.orphans == nil {
+		s.orphans = map[string]time.Time{}
+	}
+	for _, v := range vols {
+		if named[v.ID] {
+			delete(s.orphans, v.ID)
+			if err := p.Claimed(v.ID); err != nil {
+				klog.ErrorS(err, "Cannot record that a PV names a pulled volume", "volume", v.ID)
+			}
+			continue
+		}
+		why, err := s.done(ctx, v.PulledFor)
+		if why == "the claim is bound" {
+			// Maybe to this volume's PV, made since the list. If to
+			// another, this volume goes once the claim does.
+			why = ""
+		}
+		if err != nil || why == "" {
+			delete(s.orphans, v.ID)
+			continue
+		}
+		first, seen := s.orphans[v.ID]
+		if !seen {
+			s.orphans[v.ID] = time.Now()
+			continue
+		}
+		if time.Since(first) < grace {
+			continue
+		}
+		if err := p.DeleteVolume(ctx, v.ID); err != nil {
+			klog.ErrorS(err, "Cannot delete a volume pulled for a claim that is gone", "volume", v.ID)
+			continue
+		}
+		delete(s.orphans, v.ID)
+		klog.InfoS("Deleted a volume pulled from another node for a claim that no longer wants it; no PV names it",
+			"volume", v.ID, "name", v.Name, "claim", v.PulledFor.Namespace+"/"+v.PulledFor.Name, "because", why, "unclaimedFor", time.Since(first).Round(time.Second))
+	}
 }
 
 // sweepMoving lets the volumes whose migration was cancelled be staged
 // again: their copy's claim is gone and their PV (if any) no longer
 // carries a migration's phase. A volume whose migration switched keeps
 // its mark: its claim lives on another node now.
-func (s Sweeper) sweepMoving(ctx context.Context, p *pool.Pool) {
+func (s *Sweeper) sweepMoving(ctx context.Context, p *pool.Pool) {
 	vols, err := p.MovingVolumes()
 	if err != nil || len(vols) == 0 {
 		if err != nil {
@@ -115,7 +195,7 @@ func (s Sweeper) sweepMoving(ctx context.Context, p *pool.Pool) {
 }
 
 // done says why claim no longer needs its snapshot; "" if it may.
-func (s Sweeper) done(ctx context.Context, c *store.Claim) (string, error) {
+func (s *Sweeper) done(ctx context.Context, c *store.Claim) (string, error) {
 	pvc, err := s.Client.CoreV1().PersistentVolumeClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):

@@ -127,6 +127,7 @@ func (p *Pool) FinishImport(ctx context.Context, id string) (*store.Volume, erro
 			return fmt.Errorf("volume %s is %s, not importing: %w", id, v.State, errkind.ErrConflict)
 		}
 		v.GrowFs = v.SizeBytes > v.Import.Size
+		v.PulledFor = &store.Claim{Namespace: v.Import.ClaimNamespace, Name: v.Import.ClaimName, UID: v.Import.ClaimUID}
 		v.State, v.Import = store.Ready, nil
 		return nil
 	})
@@ -180,6 +181,32 @@ func (p *Pool) MarkMoving(id string, claim store.Claim) (*store.Volume, error) {
 func (p *Pool) ClearMoving(id string) error {
 	_, err := p.store.Update(id, func(v *store.Volume) error {
 		v.Moving = nil
+		return nil
+	})
+	return err
+}
+
+// Pulled returns the ready volumes a pull made whose claims no PV was
+// yet seen to name (store.Volume.PulledFor).
+func (p *Pool) Pulled() ([]*store.Volume, error) {
+	vols, err := p.store.Volumes()
+	if err != nil {
+		return nil, err
+	}
+	var out []*store.Volume
+	for _, v := range vols {
+		if v.State == store.Ready && v.PulledFor != nil {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+// Claimed records that a PV names volume id: from then on it is the PV's,
+// and never swept as pulled for nothing.
+func (p *Pool) Claimed(id string) error {
+	_, err := p.store.Update(id, func(v *store.Volume) error {
+		v.PulledFor = nil
 		return nil
 	})
 	return err

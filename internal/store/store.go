@@ -84,6 +84,10 @@ type Volume struct {
 	// Moving is set once a migration took the volume's last data for
 	// another node: the volume is not staged here again while it is.
 	Moving *Moving `json:"moving,omitempty"`
+	// PulledFor is the claim a finished pull made the volume for, until a
+	// PV is seen to name it: if that claim goes first, no one will ever
+	// ask for the volume (mobility.Sweeper deletes it).
+	PulledFor *Claim `json:"pulledFor,omitempty"`
 
 	Stage        *Stage                  `json:"stage,omitempty"`
 	Publications map[string]*Publication `json:"publications,omitempty"`
