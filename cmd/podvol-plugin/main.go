@@ -272,7 +272,7 @@ func run(c config) error {
 	}
 	dc := driver.Config{Version: version, NodeID: c.nodeID, MaxVolumes: c.maxVolumes, Pools: pools, Locks: locks, InlineDefaultSize: inlineBytes, InlinePools: c.inlinePools, Decider: decider}
 	var transfers func() metrics.TransferStats
-	var serveTransfers func(mobility.Images)
+	var serveTransfers func(mobility.Images, mobility.DeleteFunc)
 	if c.transferAddr == "" {
 		for _, p := range opened {
 			if vols, err := p.Importing(); err == nil && len(vols) > 0 {
@@ -293,7 +293,7 @@ func run(c config) error {
 	}
 	d := driver.New(dc)
 	if serveTransfers != nil {
-		serveTransfers(mobility.Images{Cut: d.CutForTransfer, Move: d.CutForMove})
+		serveTransfers(mobility.Images{Cut: d.CutForTransfer, Move: d.CutForMove}, d.DeleteUnclaimed)
 	}
 	var observe driver.Observer
 	if c.metricsAddr != "" {

@@ -25,7 +25,7 @@ import (
 // serves this node's to other nodes' plugins, their volumes snapshotted by
 // the driver's Cut and Move of images (the driver is made with the
 // Importer).
-func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pools []*pool.Pool) (im *mobility.Importer, srv *transfer.Server, serve func(images mobility.Images), err error) {
+func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pools []*pool.Pool) (im *mobility.Importer, srv *transfer.Server, serve func(mobility.Images, mobility.DeleteFunc), err error) {
 	if kc == nil {
 		return nil, nil, nil, errors.New("--transfer-address needs API access (in a pod, or --kubeconfig): certificates, claims and node addresses come from it")
 	}
@@ -70,7 +70,7 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("listen on %s for transfers: %w", c.transferAddr, err)
 	}
-	serve = func(images mobility.Images) {
+	serve = func(images mobility.Images, deleteUnclaimed mobility.DeleteFunc) {
 		images.Pool = func(name string) (*pool.Pool, bool) { p, ok := byName[name]; return p, ok }
 		srv.Images = images
 		go func() {
@@ -78,7 +78,7 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 				klog.ErrorS(err, "The transfer server failed: other nodes cannot pull from this one")
 			}
 		}()
-		go (&mobility.Sweeper{Client: kc, Pools: pools}).Run(ctx)
+		go (&mobility.Sweeper{Client: kc, Pools: pools, Delete: deleteUnclaimed}).Run(ctx)
 	}
 	im = &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc, Driver: names.Driver}
 	im.Start(ctx, pools)

@@ -248,3 +248,41 @@ func TestCutForMove(t *testing.T) {
 		t.Fatalf("stage once the mark is cleared: %v", err)
 	}
 }
+
+// The sweep deletes a volume pulled for a claim that is gone only if its
+// check, asked again under the volume's locks with the volume read again,
+// says so.
+func TestDeleteUnclaimed(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	v, err := f.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pulled", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{rwop()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := v.GetVolume().GetVolumeId()
+	name, _ := pool.PoolOf(id)
+	p := f.d.pools[name].Pool
+	claim := store.Claim{Namespace: "team-a", Name: "pulled", UID: "0b1c2d3e-0000-4000-8000-00000000000d"}
+	if _, err := p.Store().Update(id, func(v *store.Volume) error { v.PulledFor = &claim; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	wanted := errors.New("a PV names it now")
+	var asked *store.Volume
+	err = f.d.DeleteUnclaimed(ctx, id, func(v *store.Volume) error { asked = v; return wanted })
+	if !errors.Is(err, wanted) || asked == nil || asked.PulledFor == nil || *asked.PulledFor != claim {
+		t.Fatalf("delete refused by its check: %v, asked about %+v", err, asked)
+	}
+	if _, err := p.ReadyVolume(id); err != nil {
+		t.Fatalf("the volume its check kept: %v", err)
+	}
+	if err := f.d.DeleteUnclaimed(ctx, id, func(*store.Volume) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Store().Volume(id); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the volume after its check allowed the delete: %v", err)
+	}
+	if err := f.d.DeleteUnclaimed(ctx, "pv-0123456789abcdef0123456f", func(*store.Volume) error { return nil }); !errors.Is(err, errkind.ErrNotFound) {
+		t.Fatalf("a volume this node does not hold: %v, want not found", err)
+	}
+}

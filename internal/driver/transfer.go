@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -72,4 +73,30 @@ func (d *Driver) CutForMove(id string, claim store.Claim) (p *pool.Pool, first *
 		s = nil
 	}
 	return pl.Pool, s, v, nil
+}
+
+// DeleteUnclaimed deletes volume id, pulled here for a claim that went
+// before any PV named it (mobility.Sweeper), if unclaimed, asked under the
+// locks CreateVolume takes for the volume's name and DeleteVolume for its
+// id, still says it may: a CreateVolume cannot hand the volume out while it
+// goes.
+func (d *Driver) DeleteUnclaimed(ctx context.Context, id string, unclaimed func(*store.Volume) error) error {
+	name, ok := pool.PoolOf(id)
+	pl := d.pools[name]
+	if !ok || !pool.ValidID(id) || pl == nil {
+		return fmt.Errorf("volume %q is not in a pool of node %s: %w", id, d.cfg.NodeID, errkind.ErrNotFound)
+	}
+	v, err := pl.Pool.ReadyVolume(id)
+	if err != nil {
+		return err
+	}
+	defer d.locks.Lock("name/" + v.Name)()
+	defer d.locks.Lock(id)()
+	if v, err = pl.Pool.ReadyVolume(id); err != nil {
+		return err
+	}
+	if err := unclaimed(v); err != nil {
+		return err
+	}
+	return pl.Pool.DeleteVolume(ctx, id)
 }

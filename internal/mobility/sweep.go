@@ -2,6 +2,7 @@ package mobility
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -9,6 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/store"
@@ -29,15 +31,25 @@ type Sweeper struct {
 	// Every is the pause between sweeps (1 minute if 0).
 	Every time.Duration
 	// Grace is how long a pulled volume must stay unnamed by any PV, its
-	// claim gone, before it is deleted (5 minutes if 0): longer than
-	// external-provisioner keeps trying to save the PV of a volume it was
-	// just given.
+	// claim gone, before it is deleted (30 minutes if 0).
+	// external-provisioner saves the PV of a volume it was given at once,
+	// and retries a failed save with a growing backoff: a save that fails
+	// for longer (the API server down) may name a deleted volume, but only
+	// for a claim the user deleted.
 	Grace time.Duration
+	// Delete deletes pulled volume id if unclaimed, run again under the
+	// locks its CreateVolume and DeleteVolume take, still says it may (the
+	// driver's DeleteUnclaimed); nil: straight from its pool.
+	Delete DeleteFunc
 
 	// orphans: when each pulled volume was first seen with no PV and its
 	// claim gone.
 	orphans map[string]time.Time
 }
+
+// DeleteFunc deletes volume id if unclaimed, asked under the volume's
+// locks, says it may.
+type DeleteFunc func(ctx context.Context, id string, unclaimed func(*store.Volume) error) error
 
 // Run sweeps until ctx ends.
 func (s *Sweeper) Run(ctx context.Context) {
@@ -65,7 +77,6 @@ func (s *Sweeper) Sweep(ctx context.Context) int {
 		snaps, err := p.TransferSnapshots()
 		if err != nil {
 			klog.ErrorS(err, "Cannot list the snapshots cut for clones on other nodes", "pool", p.Name())
-			continue
 		}
 		for _, snap := range snaps {
 			why, err := s.done(ctx, snap.For)
@@ -84,8 +95,8 @@ func (s *Sweeper) Sweep(ctx context.Context) int {
 			klog.InfoS("Deleted a snapshot cut for a clone on another node", "snapshot", snap.ID, "volume", snap.SourceID, "claim", snap.For.Namespace+"/"+snap.For.Name, "because", why)
 		}
 		s.sweepMoving(ctx, p)
-		s.sweepPulled(ctx, p)
 	}
+	s.sweepPulled(ctx)
 	return deleted
 }
 
@@ -93,18 +104,92 @@ func (s *Sweeper) Sweep(ctx context.Context) int {
 // named them, once they have been seen so for Grace, and forgets the claim
 // of those a PV names: a PV deleted later (reclaim policy Retain) leaves
 // its volume to the admin.
-func (s *Sweeper) sweepPulled(ctx context.Context, p *pool.Pool) {
-	vols, err := p.Pulled()
-	if err != nil || len(vols) == 0 {
+func (s *Sweeper) sweepPulled(ctx context.Context) {
+	var vols []*store.Volume
+	byID := map[string]*pool.Pool{}
+	for _, p := range s.Pools {
+		vs, err := p.Pulled()
 		if err != nil {
 			klog.ErrorS(err, "Cannot list the volumes pulled from other nodes", "pool", p.Name())
+			continue
 		}
+		for _, v := range vs {
+			byID[v.ID] = p
+		}
+		vols = append(vols, vs...)
+	}
+	seen := s.orphans
+	s.orphans = map[string]time.Time{}
+	if len(vols) == 0 {
 		return
 	}
-	pvs, err := s.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	named, err := s.namedByPVs(ctx)
 	if err != nil {
 		klog.ErrorS(err, "Cannot list PVs to tell whether pulled volumes are claimed")
+		s.orphans = seen
 		return
+	}
+	grace := s.Grace
+	if grace <= 0 {
+		grace = 30 * time.Minute
+	}
+	for _, v := range vols {
+		p := byID[v.ID]
+		if named[v.ID] {
+			if err := p.Claimed(v.ID); err != nil {
+				klog.ErrorS(err, "Cannot record that a PV names a pulled volume", "volume", v.ID)
+			}
+			continue
+		}
+		why, err := s.unclaimed(ctx, v)
+		if err != nil || why == "" {
+			continue
+		}
+		first, ok := seen[v.ID]
+		if !ok {
+			first = time.Now()
+		}
+		s.orphans[v.ID] = first
+		if !ok || time.Since(first) < grace {
+			continue
+		}
+		// Asked again under the volume's locks: a PV or claim made since.
+		check := func(v *store.Volume) error {
+			if v.PulledFor == nil {
+				return fmt.Errorf("volume %s is claimed now: %w", v.ID, errkind.ErrInUse)
+			}
+			named, err := s.namedByPVs(ctx)
+			if err == nil && named[v.ID] {
+				err = fmt.Errorf("a PV names volume %s now: %w", v.ID, errkind.ErrInUse)
+			}
+			if err == nil {
+				why, err = s.unclaimed(ctx, v)
+				if err == nil && why == "" {
+					err = fmt.Errorf("claim %s/%s of volume %s wants it now: %w", v.PulledFor.Namespace, v.PulledFor.Name, v.ID, errkind.ErrInUse)
+				}
+			}
+			return err
+		}
+		if s.Delete != nil {
+			err = s.Delete(ctx, v.ID, check)
+		} else if err = check(v); err == nil {
+			err = p.DeleteVolume(ctx, v.ID)
+		}
+		if err != nil {
+			klog.ErrorS(err, "Kept a volume pulled for a claim that looked gone", "volume", v.ID)
+			continue
+		}
+		delete(s.orphans, v.ID)
+		klog.InfoS("Deleted a volume pulled from another node for a claim that no longer wants it; no PV names it",
+			"volume", v.ID, "name", v.Name, "claim", v.PulledFor.Namespace+"/"+v.PulledFor.Name, "because", why, "unclaimedFor", time.Since(first).Round(time.Second))
+	}
+}
+
+// namedByPVs: the handles of podvol's PVs.
+func (s *Sweeper) namedByPVs(ctx context.Context) (map[string]bool, error) {
+	pvs, err := s.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
 	}
 	named := map[string]bool{}
 	for _, pv := range pvs.Items {
@@ -112,47 +197,19 @@ func (s *Sweeper) sweepPulled(ctx context.Context, p *pool.Pool) {
 			named[pv.Spec.CSI.VolumeHandle] = true
 		}
 	}
-	grace := s.Grace
-	if grace <= 0 {
-		grace = 5 * time.Minute
+	return named, nil
+}
+
+// unclaimed says why no one will ask for pulled volume v again ("" if
+// someone may): its claim is gone, replaced or being deleted. A bound claim
+// may be bound to v's PV made since the PVs were listed; if to another, v
+// goes once the claim does.
+func (s *Sweeper) unclaimed(ctx context.Context, v *store.Volume) (string, error) {
+	why, err := s.done(ctx, v.PulledFor)
+	if why == "the claim is bound" {
+		why = ""
 	}
-	if s.orphans == nil {
-		s.orphans = map[string]time.Time{}
-	}
-	for _, v := range vols {
-		if named[v.ID] {
-			delete(s.orphans, v.ID)
-			if err := p.Claimed(v.ID); err != nil {
-				klog.ErrorS(err, "Cannot record that a PV names a pulled volume", "volume", v.ID)
-			}
-			continue
-		}
-		why, err := s.done(ctx, v.PulledFor)
-		if why == "the claim is bound" {
-			// Maybe to this volume's PV, made since the list. If to
-			// another, this volume goes once the claim does.
-			why = ""
-		}
-		if err != nil || why == "" {
-			delete(s.orphans, v.ID)
-			continue
-		}
-		first, seen := s.orphans[v.ID]
-		if !seen {
-			s.orphans[v.ID] = time.Now()
-			continue
-		}
-		if time.Since(first) < grace {
-			continue
-		}
-		if err := p.DeleteVolume(ctx, v.ID); err != nil {
-			klog.ErrorS(err, "Cannot delete a volume pulled for a claim that is gone", "volume", v.ID)
-			continue
-		}
-		delete(s.orphans, v.ID)
-		klog.InfoS("Deleted a volume pulled from another node for a claim that no longer wants it; no PV names it",
-			"volume", v.ID, "name", v.Name, "claim", v.PulledFor.Namespace+"/"+v.PulledFor.Name, "because", why, "unclaimedFor", time.Since(first).Round(time.Second))
-	}
+	return why, err
 }
 
 // sweepMoving lets the volumes whose migration was cancelled be staged
