@@ -136,9 +136,15 @@ check: vet lint prometheus-tools ## vet, lint and the unit tests with -race (the
 #   crash and real-device tests, envtest suites, the microVM guest;
 # - test-cluster: the end-to-end package on the dev cluster, with the
 #   conformance suite's build beside it, then make conformance.
+# The cluster chain is the longer one: the host chain runs at nice 10, so
+# that its compiles take what the cluster chain leaves of the CPUs rather
+# than half of them (a cold make test on 2 cores: docs/testing.md).
 # Their output is interleaved line by line; each ends with its own summary.
 test: deps ## every test: check, fuzz, the host packages and the cluster ones (root)
-	@$(MAKE) --no-print-directory -j2 test-host test-cluster
+	@nice -n 10 $(MAKE) --no-print-directory test-host & host=$$!; \
+	$(MAKE) --no-print-directory test-cluster; rc=$$?; \
+	wait $$host || rc=1; \
+	exit $$rc
 
 CLUSTER_PKGS := ./test/e2e
 HOST_PKGS = $(filter-out $(UNIT_PKGS) %/test/e2e,$(shell $(GO) list ./...))
@@ -146,12 +152,19 @@ HOST_PKGS = $(filter-out $(UNIT_PKGS) %/test/e2e,$(shell $(GO) list ./...))
 test-host: align check fuzz ## make test's host chain: check, fuzz, every package needing no cluster (root)
 	$(TEST_SUMMARY) $(REQUIRE_MICROVM) -- $(GO) test -json -count=1 -timeout 60m $(HOST_PKGS)
 
-test-cluster: ## make test's cluster chain: the e2e tests, then make conformance (root)
-	@tools/e2e/build.sh >/dev/null & build=$$!; \
-	$(TEST_SUMMARY) -- $(GO) test -json -count=1 -timeout 60m $(CLUSTER_PKGS); rc=$$?; \
-	wait $$build || { echo "the conformance suite's build (tools/e2e/build.sh) failed: run it alone to see why" >&2; exit 1; }; \
+# The conformance suite runs on the cluster the e2e tests leave up (they
+# leave it as they found it), as it is: the cluster is taken down at the end
+# unless it ran before. The suite's build, needed only then, runs beside the
+# e2e tests at nice 19.
+test-cluster: ## make test's cluster chain: the e2e tests, then make conformance on their cluster (root)
+	@$(GO) build -o bin/podvol-dev ./cmd/podvol-dev
+	@nice -n 19 tools/e2e/build.sh >/dev/null & build=$$!; \
+	was=; bin/podvol-dev running >/dev/null && was=up; \
+	PODVOL_E2E_KEEP=1 PODVOL_E2E_CONFORMANCE_NEXT=1 $(TEST_SUMMARY) -- $(GO) test -json -count=1 -timeout 60m $(CLUSTER_PKGS); rc=$$?; \
+	wait $$build || { echo "the conformance suite's build (tools/e2e/build.sh) failed: run it alone to see why" >&2; rc=1; }; \
+	if [ $$rc = 0 ]; then $(MAKE) --no-print-directory conformance CONFORMANCE_FLAGS=-redeploy=false || rc=1; fi; \
+	if [ "$$was" != up ]; then bin/podvol-dev down || rc=1; fi; \
 	exit $$rc
-	$(MAKE) --no-print-directory conformance
 
 # A bounded run of the native fuzz targets over request sizes and size
 # quantities (their seed corpus also runs in every go test). A failure is
@@ -237,7 +250,7 @@ bench-mobility: ## data between two nodes: transfer vs sparse copy, a migrating 
 CONFORMANCE_LOCK ?= /tmp/podvol-devcluster.lock
 conformance: ## Kubernetes' external-storage suite on the dev cluster (root)
 	tools/e2e/build.sh >/dev/null
-	flock -o $(CONFORMANCE_LOCK) $(GO) run ./test/conformance
+	flock -o $(CONFORMANCE_LOCK) $(GO) run ./test/conformance $(CONFORMANCE_FLAGS)
 
 # The same runs while podvol's pods are deleted and its containers SIGKILLed
 # every 20-60 s (seeded; the log with the seed in /var/lib/podvol-conformance/

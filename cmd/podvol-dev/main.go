@@ -4,6 +4,8 @@
 //	podvol-dev up      build what is missing, start the cluster, deploy podvol
 //	podvol-dev demo    up, then walk through every volume lifecycle
 //	podvol-dev down    stop everything and leave the machine as it was
+//	podvol-dev running exit 0 if the cluster runs, 1 if not (make test
+//	                   takes down only a cluster it brought up)
 package main
 
 import (
@@ -31,7 +33,7 @@ func main() {
 	kustomize := flag.Bool("kustomize", false, "deploy podvol with kustomize (deploy/base under an overlay) instead of installing charts/podvol with Helm")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: podvol-dev [flags] up|demo|down\n")
+		fmt.Fprintf(os.Stderr, "usage: podvol-dev [flags] up|demo|down|running\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -65,6 +67,12 @@ func main() {
 		}
 	case "down":
 		err = c.Down(context.Background())
+	case "running":
+		if !c.Running() {
+			fmt.Println("the dev cluster is not running")
+			os.Exit(1)
+		}
+		fmt.Println("the dev cluster is running")
 	default:
 		flag.Usage()
 		os.Exit(2)

@@ -27,6 +27,12 @@ import (
 	"github.com/podvol/podvol/internal/versions"
 )
 
+// ConformancePoolSize is the first node's pool the conformance suite's six
+// runs at once need (test/conformance): up to ~18 volumes and snapshots of
+// 1 GiB at a time, and retained snapshots. make test's e2e run brings the
+// cluster up with it, as conformance runs next on the same cluster.
+const ConformancePoolSize = 60 << 30
+
 // Config says where and how big.
 type Config struct {
 	// Dir holds every file the cluster makes.

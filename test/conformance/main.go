@@ -192,7 +192,7 @@ func main() {
 	redeploy := flag.Bool("redeploy", true, "on a running cluster, deploy podvol again first (podvol-dev up), as the e2e tests do")
 	report := flag.Bool("summary", false, "print the summary of the last run from -reports, and exit")
 	list := flag.Bool("list", false, "list the specs each definition would run, and exit (no cluster)")
-	pool := flag.String("pool-size", "60Gi", "node 1's pool when this run brings the dev cluster up (node 2's is 2/3 of it, node 3's 1/3)")
+	pool := flag.String("pool-size", resource.NewQuantity(devcluster.ConformancePoolSize, resource.BinarySI).String(), "node 1's pool when this run brings the dev cluster up (node 2's is 2/3 of it, node 3's 1/3)")
 	chaosOn := flag.Bool("chaos", false, "while the suite runs, delete podvol's pods and SIGKILL its containers every 20-60 s (log: -reports/chaos.log)")
 	chaosSeed := flag.Uint64("chaos-seed", 0, "seed of -chaos's choices (0: from the clock)")
 	focus := flag.String("focus", "", "run only the specs whose names match this regular expression (to re-run one failed spec: paste its name from the summary)")

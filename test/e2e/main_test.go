@@ -2,7 +2,9 @@
 // containerd, runc, scheduler and the CSI sidecars, with pods that really
 // write to their volumes. The cluster is brought up if it is not running
 // (the first time builds Kubernetes: minutes) and torn down afterwards
-// unless PODVOL_E2E_KEEP is set or it was already running.
+// unless PODVOL_E2E_KEEP is set or it was already running;
+// PODVOL_E2E_CONFORMANCE_NEXT brings it up with the conformance suite's
+// pools (devcluster.ConformancePoolSize).
 package e2e
 
 import (
@@ -28,7 +30,13 @@ func TestMain(m *testing.M) {
 	// A lost node's volumes are released after node-loss's grace period:
 	// 1 minute here rather than the chart's default 5 (the same code path;
 	// a Lease lasts 40 s), as an admin's values would set it.
-	cluster = devcluster.New(devcluster.Config{Out: os.Stderr, NodeLossGrace: time.Minute})
+	cfg := devcluster.Config{Out: os.Stderr, NodeLossGrace: time.Minute}
+	if os.Getenv("PODVOL_E2E_CONFORMANCE_NEXT") != "" {
+		// make test runs the conformance suite on this cluster next (kept
+		// up: PODVOL_E2E_KEEP): a new one gets the pools it needs.
+		cfg.PoolSize = devcluster.ConformancePoolSize
+	}
+	cluster = devcluster.New(cfg)
 	wasUp := cluster.Running()
 	if !wasUp {
 		hostMount = mountScratch()
