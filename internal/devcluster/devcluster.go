@@ -285,6 +285,16 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) (string,
 	return string(out), nil
 }
 
+// Attach readies c to work on a cluster that runs already, as it is
+// (RunKubectl, the nodes): it finds the binaries Up would use (built and
+// cached by then) and deploys nothing.
+func (c *Cluster) Attach(ctx context.Context) error {
+	if !c.Running() {
+		return fmt.Errorf("the dev cluster in %s is not running: bring it up first (make up)", c.Dir)
+	}
+	return c.buildBinaries(ctx)
+}
+
 // buildBinaries builds the Kubernetes binaries and the sidecars (cached) and
 // podvol's own.
 func (c *Cluster) buildBinaries(ctx context.Context) error {

@@ -299,6 +299,9 @@ func main() {
 	if !wasUp || *redeploy {
 		fmt.Fprintf(os.Stderr, "== bringing the dev cluster up (running already: %v)\n", wasUp)
 		err2 = cluster.Up(ctx)
+	} else {
+		fmt.Fprintln(os.Stderr, "== on the running dev cluster as it is (-redeploy=false)")
+		err2 = cluster.Attach(ctx)
 	}
 	if err2 != nil {
 		fmt.Fprintf(os.Stderr, "dev cluster: %v\n", err2)
