@@ -45,17 +45,7 @@ func (p *Pool) createImport(r CreateRequest) (*store.Volume, error) {
 
 // Importing lists the volumes whose pull has not finished (to resume them).
 func (p *Pool) Importing() ([]*store.Volume, error) {
-	vols, err := p.store.Volumes()
-	if err != nil {
-		return nil, err
-	}
-	var out []*store.Volume
-	for _, v := range vols {
-		if v.State == store.Importing {
-			out = append(out, v)
-		}
-	}
-	return out, nil
+	return p.volumesWhere(func(v *store.Volume) bool { return v.State == store.Importing })
 }
 
 // ImportImage opens an Importing volume's image for its pull to write.
@@ -189,17 +179,7 @@ func (p *Pool) ClearMoving(id string) error {
 // Pulled returns the ready volumes a pull made whose claims no PV was
 // yet seen to name (store.Volume.PulledFor).
 func (p *Pool) Pulled() ([]*store.Volume, error) {
-	vols, err := p.store.Volumes()
-	if err != nil {
-		return nil, err
-	}
-	var out []*store.Volume
-	for _, v := range vols {
-		if v.State == store.Ready && v.PulledFor != nil {
-			out = append(out, v)
-		}
-	}
-	return out, nil
+	return p.volumesWhere(func(v *store.Volume) bool { return v.State == store.Ready && v.PulledFor != nil })
 }
 
 // Claimed records that a PV names volume id: from then on it is the PV's,
@@ -214,13 +194,18 @@ func (p *Pool) Claimed(id string) error {
 
 // MovingVolumes lists the volumes a migration took the last data of.
 func (p *Pool) MovingVolumes() ([]*store.Volume, error) {
+	return p.volumesWhere(func(v *store.Volume) bool { return v.Moving != nil })
+}
+
+// volumesWhere lists the volumes of the pool that match.
+func (p *Pool) volumesWhere(match func(*store.Volume) bool) ([]*store.Volume, error) {
 	vols, err := p.store.Volumes()
 	if err != nil {
 		return nil, err
 	}
 	var out []*store.Volume
 	for _, v := range vols {
-		if v.Moving != nil {
+		if match(v) {
 			out = append(out, v)
 		}
 	}
