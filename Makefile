@@ -141,10 +141,12 @@ check: vet lint prometheus-tools ## vet, lint and the unit tests with -race (the
 # than half of them (a cold make test on 2 cores: docs/testing.md).
 # Their output is interleaved line by line; each ends with its own summary.
 test: deps ## every test: check, fuzz, the host packages and the cluster ones (root)
-	@nice -n 10 $(MAKE) --no-print-directory test-host & host=$$!; \
-	$(MAKE) --no-print-directory test-cluster; rc=$$?; \
-	wait $$host || rc=1; \
-	exit $$rc
+	@$(MAKE) --no-print-directory -j2 test-host-niced test-cluster
+
+# (A recipe line naming $(MAKE) runs even under make -n: each such line here
+# is a plain make of a target, which then prints its commands.)
+test-host-niced:
+	@nice -n 10 $(MAKE) --no-print-directory test-host
 
 CLUSTER_PKGS := ./test/e2e
 HOST_PKGS = $(filter-out $(UNIT_PKGS) %/test/e2e,$(shell $(GO) list ./...))
@@ -162,7 +164,7 @@ test-cluster: ## make test's cluster chain: the e2e tests, then make conformance
 	was=; bin/podvol-dev running >/dev/null && was=up; \
 	PODVOL_E2E_KEEP=1 PODVOL_E2E_CONFORMANCE_NEXT=1 $(TEST_SUMMARY) -- $(GO) test -json -count=1 -timeout 60m $(CLUSTER_PKGS); rc=$$?; \
 	wait $$build || { echo "the conformance suite's build (tools/e2e/build.sh) failed: run it alone to see why" >&2; rc=1; }; \
-	if [ $$rc = 0 ]; then $(MAKE) --no-print-directory conformance CONFORMANCE_FLAGS=-redeploy=false || rc=1; fi; \
+	if [ $$rc = 0 ]; then flock -o $(CONFORMANCE_LOCK) $(GO) run ./test/conformance -redeploy=false || rc=1; fi; \
 	if [ "$$was" != up ]; then bin/podvol-dev down || rc=1; fi; \
 	exit $$rc
 
