@@ -16,10 +16,9 @@ import (
 // around it, under the volume's lock), so the source's pod pauses only for
 // the reflink. One per claim: a pull that resumes reads the same image.
 func (d *Driver) CutForTransfer(id string, claim store.Claim) (*pool.Pool, *store.Snapshot, error) {
-	name, ok := pool.PoolOf(id)
-	pl := d.pools[name]
-	if !ok || !pool.ValidID(id) || pl == nil {
-		return nil, nil, fmt.Errorf("volume %q is not in a pool of node %s: %w", id, d.cfg.NodeID, errkind.ErrNotFound)
+	pl, err := d.transferPool(id)
+	if err != nil {
+		return nil, nil, err
 	}
 	snap := pool.TransferSnapshotName(claim.UID)
 	defer d.locks.Lock("snapshot/" + snap)()
@@ -42,10 +41,9 @@ func (d *Driver) CutForTransfer(id string, claim store.Claim) (*pool.Pool, *stor
 // room. Without room in the pool for the pre-copy's snapshot the answer is
 // errkind.ErrInUse: the data is copied once no pod uses the volume.
 func (d *Driver) CutForMove(id string, claim store.Claim) (p *pool.Pool, first *store.Snapshot, moving *store.Volume, err error) {
-	name, ok := pool.PoolOf(id)
-	pl := d.pools[name]
-	if !ok || !pool.ValidID(id) || pl == nil {
-		return nil, nil, nil, fmt.Errorf("volume %q is not in a pool of node %s: %w", id, d.cfg.NodeID, errkind.ErrNotFound)
+	pl, err := d.transferPool(id)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	snap := pool.TransferSnapshotName(claim.UID)
 	// The snapshot's name before the volume, as CreateSnapshot locks.
@@ -58,7 +56,7 @@ func (d *Driver) CutForMove(id string, claim store.Claim) (p *pool.Pool, first *
 	if v.Moving == nil && (v.Stage != nil || len(v.Publications) > 0) {
 		s, err := pl.Pool.CreateSnapshot(pool.SnapshotRequest{Name: snap, SourceID: id, Quiesce: pl.Node.Quiesce, For: &claim})
 		if errors.Is(err, errkind.ErrNoSpace) {
-			return nil, nil, nil, fmt.Errorf("no room in pool %s for a snapshot of volume %s while a pod uses it (%w): its data is copied once no pod does: %w", name, id, err, errkind.ErrInUse)
+			return nil, nil, nil, fmt.Errorf("no room in pool %s for a snapshot of volume %s while a pod uses it (%w): its data is copied once no pod does: %w", pl.Pool.Name(), id, err, errkind.ErrInUse)
 		}
 		if err != nil {
 			return nil, nil, nil, err
@@ -81,10 +79,9 @@ func (d *Driver) CutForMove(id string, claim store.Claim) (p *pool.Pool, first *
 // id, still says it may: a CreateVolume cannot hand the volume out while it
 // goes.
 func (d *Driver) DeleteUnclaimed(ctx context.Context, id string, unclaimed func(*store.Volume) error) error {
-	name, ok := pool.PoolOf(id)
-	pl := d.pools[name]
-	if !ok || !pool.ValidID(id) || pl == nil {
-		return fmt.Errorf("volume %q is not in a pool of node %s: %w", id, d.cfg.NodeID, errkind.ErrNotFound)
+	pl, err := d.transferPool(id)
+	if err != nil {
+		return err
 	}
 	v, err := pl.Pool.ReadyVolume(id)
 	if err != nil {
@@ -99,4 +96,16 @@ func (d *Driver) DeleteUnclaimed(ctx context.Context, id string, unclaimed func(
 		return err
 	}
 	return pl.Pool.DeleteVolume(ctx, id)
+}
+
+// transferPool is the pool of volume id, which a transfer or the sweep
+// names: errkind.ErrNotFound unless id is well-formed and of a pool this
+// node serves.
+func (d *Driver) transferPool(id string) (*Pool, error) {
+	if pool.ValidID(id) {
+		if name, ok := pool.PoolOf(id); ok && d.pools[name] != nil {
+			return d.pools[name], nil
+		}
+	}
+	return nil, fmt.Errorf("volume %q is not in a pool of node %s: %w", id, d.cfg.NodeID, errkind.ErrNotFound)
 }

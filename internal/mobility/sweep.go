@@ -37,9 +37,9 @@ type Sweeper struct {
 	// for longer (the API server down) may name a deleted volume, but only
 	// for a claim the user deleted.
 	Grace time.Duration
-	// Delete deletes pulled volume id if unclaimed, run again under the
-	// locks its CreateVolume and DeleteVolume take, still says it may (the
-	// driver's DeleteUnclaimed); nil: straight from its pool.
+	// Delete deletes a pulled volume once its check, asked again under the
+	// locks CreateVolume and DeleteVolume take, allows it (the driver's
+	// DeleteUnclaimed); nil: the check, then a delete from its pool.
 	Delete DeleteFunc
 
 	// orphans: when each pulled volume was first seen with no PV and its
