@@ -322,16 +322,17 @@ func run(c config) error {
 			m.AddTransfers(transfers)
 		}
 		observe = m.ObserveRPC
-		healthy := func() error {
+		health := &metrics.Health{Check: func() error {
 			for _, p := range opened {
 				if err := p.Check(); err != nil {
 					return fmt.Errorf("pool %s: %w", p.Name(), err)
 				}
 			}
 			return nil
-		}
+		}}
+		go health.Run(ctx)
 		mc := metricsauth.Config{Address: c.metricsAddr, CertFile: c.metricsCert, KeyFile: c.metricsKey,
-			Metrics: m.Handler(), Sidecars: sidecars, Healthz: metrics.Healthz(healthy)}
+			Metrics: m.Handler(), Sidecars: sidecars, Healthz: health}
 		if kc != nil {
 			mc.Filter = metricsauth.NewFilter(kc)
 		}
