@@ -169,12 +169,18 @@ test-cluster: ## make test's cluster chain: the e2e tests, then make conformance
 	exit $$rc
 
 # A bounded run of the native fuzz targets over request sizes and size
-# quantities (their seed corpus also runs in every go test). A failure is
-# written to internal/size/testdata/fuzz/: keep it as a regression input.
-FUZZTIME ?= 20s
-fuzz: ## a bounded run of the size fuzz targets (FUZZTIME, default 20s)
+# quantities, and over what another node sends a transfer (frames, headers,
+# a pull's path and query); their seed corpus also runs in every go test.
+# Each target costs FUZZTIME and a start (~8 s), and each package its
+# instrumented build: internal/transfer links net/http and crypto/tls. A
+# failure is written to the package's testdata/fuzz/: keep it as a
+# regression input.
+FUZZTIME ?= 10s
+fuzz: ## a bounded run of the size and transfer fuzz targets (FUZZTIME each, default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzSizeFor$$' -fuzztime $(FUZZTIME) ./internal/size/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseQuantitySize$$' -fuzztime $(FUZZTIME) ./internal/size/
+	$(GO) test -run '^$$' -fuzz '^FuzzFrames$$' -fuzztime $(FUZZTIME) ./internal/transfer/
+	$(GO) test -run '^$$' -fuzz '^FuzzHeaders$$' -fuzztime $(FUZZTIME) ./internal/transfer/
 
 # test/plugin's randomized crash soak: random sequences of CSI calls with the
 # plugin SIGKILLed at a random failpoint each trial and the invariants checked

@@ -74,12 +74,13 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	cp, err := checkpointOf(resp)
+	a, err := answerOf(resp.Header)
 	if err != nil {
 		resp.Body.Close()
-		return Result{}, err
+		return Result{}, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err)
 	}
-	changes := since != "" && resp.Header.Get(headerSince) == since
+	cp := a.Checkpoint
+	changes := since != "" && a.since == since
 	if from > 0 && (cp.Identity != p.Resume.Identity || cp.Size != p.Resume.Size || (since != "" && !changes)) {
 		// The source serves another image under this id (it was cut again
 		// after a restart): what Dst holds is of the old one, or the old
@@ -90,10 +91,11 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 		if resp, err = p.get(ctx, "", 0); err != nil {
 			return Result{}, err
 		}
-		if cp, err = checkpointOf(resp); err != nil {
+		if a, err = answerOf(resp.Header); err != nil {
 			resp.Body.Close()
-			return Result{}, err
+			return Result{}, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err)
 		}
+		cp = a.Checkpoint
 	}
 	defer resp.Body.Close()
 	if changes {
@@ -108,11 +110,8 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 		return Result{}, fmt.Errorf("size the copy to %d bytes: %w", cp.Size, err)
 	}
 	cp.Verified = from
-	total, err := strconv.ParseInt(resp.Header.Get(headerData), 10, 64)
-	if err != nil || total < 0 {
-		return Result{}, fmt.Errorf("source %s answered without its data size", p.Address)
-	}
-	res := Result{Resumed: from, More: resp.Header.Get(headerMore) == "true"}
+	total := a.data
+	res := Result{Resumed: from, More: a.more}
 	syncEvery := p.SyncEvery
 	if syncEvery <= 0 {
 		syncEvery = DefaultSyncEvery
@@ -254,7 +253,9 @@ func (p *Pull) sync(cp Checkpoint) error {
 	return nil
 }
 
-func (p *Pull) get(ctx context.Context, since string, from int64) (*http.Response, error) {
+// url is the request for the pull's image at address, from offset from,
+// Since since if not "".
+func (p *Pull) url(address, since string, from int64) *url.URL {
 	q := url.Values{
 		"namespace": {p.Claim.Namespace}, "name": {p.Claim.Name}, "uid": {p.Claim.UID},
 		"from": {strconv.FormatInt(from, 10)},
@@ -262,8 +263,11 @@ func (p *Pull) get(ctx context.Context, since string, from int64) (*http.Respons
 	if since != "" {
 		q.Set("since", since)
 	}
-	u := url.URL{Scheme: "https", Host: p.Address, Path: Path + p.Source, RawQuery: q.Encode()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	return &url.URL{Scheme: "https", Host: address, Path: Path + p.Source, RawQuery: q.Encode()}
+}
+
+func (p *Pull) get(ctx context.Context, since string, from int64) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url(p.Address, since, from).String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -278,14 +282,58 @@ func (p *Pull) get(ctx context.Context, since string, from int64) (*http.Respons
 	return resp, nil
 }
 
-func checkpointOf(resp *http.Response) (Checkpoint, error) {
-	size, err := strconv.ParseInt(resp.Header.Get(headerSize), 10, 64)
+// answer is what a source's 200 says of the stream that follows it.
+type answer struct {
+	// Checkpoint: the image's Identity and Size.
+	Checkpoint
+	// data is the bytes of data and zeros the stream describes.
+	data int64
+	// since: the stream is a change of that image ("": the image itself).
+	since string
+	// more: the source will have more once its volume is not in use.
+	more bool
+}
+
+// maxIdentity bounds an image identity: the target keeps it in its store
+// and sends it back as since, which the source takes up to this length.
+const maxIdentity = 256
+
+// answerOf reads the headers of a source's 200. They come from another
+// node, which is not trusted to be sane: every value is checked before the
+// copy is sized or anything is kept.
+func answerOf(h http.Header) (answer, error) {
+	size, err := strconv.ParseInt(h.Get(headerSize), 10, 64)
 	if err != nil || size < 0 {
-		return Checkpoint{}, fmt.Errorf("the source answered without the image's size")
+		return answer{}, fmt.Errorf("the source answered without the image's size (%s %q)", headerSize, trimmed(h.Get(headerSize)))
 	}
-	id := resp.Header.Get(headerIdentity)
-	if id == "" {
-		return Checkpoint{}, fmt.Errorf("the source answered without the image's identity")
+	id := h.Get(headerIdentity)
+	if !printable(id) {
+		return answer{}, fmt.Errorf("the source answered without an image identity of 1 to %d printable characters (%s %q)", maxIdentity, headerIdentity, trimmed(id))
 	}
-	return Checkpoint{Identity: id, Size: size}, nil
+	data, err := strconv.ParseInt(h.Get(headerData), 10, 64)
+	if err != nil || data < 0 || data > size {
+		return answer{}, fmt.Errorf("the source announced %s %q for an image of %d bytes", headerData, trimmed(h.Get(headerData)), size)
+	}
+	return answer{Checkpoint: Checkpoint{Identity: id, Size: size}, data: data, since: h.Get(headerSince), more: h.Get(headerMore) == "true"}, nil
+}
+
+// printable: 1 to maxIdentity characters of printable ASCII, no space.
+func printable(s string) bool {
+	if s == "" || len(s) > maxIdentity {
+		return false
+	}
+	for i := range len(s) {
+		if s[i] <= ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// trimmed is a value another node sent, cut short for an error message.
+func trimmed(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }
