@@ -8,9 +8,13 @@ import (
 	"strconv"
 
 	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/mobility"
@@ -62,9 +66,13 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	}
 	creds := &transfercert.Requester{Client: kc, Node: c.nodeID, Namespace: c.namespace}
 	go creds.Run(ctx)
+	events := record.NewBroadcaster(record.WithContext(ctx))
+	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kc.CoreV1().Events("")})
+	warnings := &mobility.Warnings{Client: kc, Recorder: events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "podvol-plugin", Host: c.nodeID})}
 	srv = &transfer.Server{
 		Authorizer: mobility.ClaimAuthorizer{Client: kc, Dynamic: dyn, Node: c.nodeID, Driver: names.Driver},
 		Limiter:    limiter,
+		Mismatch:   warnings.Mismatch,
 	}
 	lis, err := net.Listen("tcp", c.transferAddr)
 	if err != nil {
@@ -80,7 +88,7 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 		}()
 		go (&mobility.Sweeper{Client: kc, Pools: pools, Delete: deleteUnclaimed}).Run(ctx)
 	}
-	im = &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc, Driver: names.Driver}
+	im = &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc, Driver: names.Driver, Warnings: warnings}
 	im.Start(ctx, pools)
 	klog.InfoS("Transfers on", "address", c.transferAddr, "rateLimitBytesPerSecond", q.Value())
 	return im, srv, serve, nil

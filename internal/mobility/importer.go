@@ -78,6 +78,9 @@ type Importer struct {
 	RetryMin, RetryMax time.Duration
 	// SyncEvery: transfer.DefaultSyncEvery if 0.
 	SyncEvery int64
+	// Warnings, if not nil, tells the claims of a pull what their users
+	// must act on (the two nodes' plugins of different versions).
+	Warnings *Warnings
 
 	pulled, done, givenUp atomic.Int64
 
@@ -98,6 +101,8 @@ type job struct {
 	waiting error
 	// copied: bytes pulled in earlier rounds of a migration.
 	copied int64
+	// warned: the last warning posted on the claims.
+	warned string
 }
 
 // Start gives the Importer the context its pulls run in (the plugin's) and
@@ -258,6 +263,14 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 		j.last = err
 		im.mu.Unlock()
 		log.Info("A pull failed; retrying", "err", err, "attempt", j.attempts, "retryIn", retry)
+		if errors.Is(err, transfer.ErrVersion) && j.warned != err.Error() {
+			// Not final: an upgrade of the plugins lets the retry pass.
+			// The user must act, so the claims say it, once.
+			j.warned = err.Error()
+			imp := v.Import
+			im.Warnings.Warn(ctx, transfer.Claim{Namespace: imp.ClaimNamespace, Name: imp.ClaimName, UID: imp.ClaimUID}, ReasonVersionMismatch,
+				fmt.Sprintf("copying %s %s from node %s: %v", v.Source.Kind, v.Source.ID, v.Source.Node, err))
+		}
 		select {
 		case <-ctx.Done():
 			return

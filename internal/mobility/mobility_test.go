@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,6 +126,23 @@ type nodes struct {
 	im       *Importer
 	// inUse: the source volume is staged (for Move).
 	inUse atomic.Bool
+	// oldTarget: node-b's requests reach node-a without their version,
+	// as a plugin older than versions sends them.
+	oldTarget atomic.Bool
+	// warnings: node-a's (Server.Mismatch).
+	warnings atomic.Pointer[Warnings]
+}
+
+// asNodeA is node-a's server: its Mismatch posts with n.warnings, and
+// node-b's requests reach it as an old plugin's if n.oldTarget.
+func (n *nodes) asNodeA(srv *transfer.Server) http.Handler {
+	srv.Mismatch = func(ctx context.Context, r transfer.Request, err error) { n.warnings.Load().Mismatch(ctx, r, err) }
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.oldTarget.Load() {
+			r.Header.Del("Podvol-Transfer-Version")
+		}
+		srv.ServeHTTP(w, r)
+	})
 }
 
 func setup(t *testing.T) *nodes {
@@ -159,7 +177,7 @@ func setup(t *testing.T) *nodes {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() {
-		served <- transfer.Serve(ctx, lis, c["node-a"], &transfer.Server{
+		served <- transfer.Serve(ctx, lis, c["node-a"], n.asNodeA(&transfer.Server{
 			Images: Images{Pool: func(name string) (*pool.Pool, bool) { return n.src, name == n.src.Name() },
 				// The driver's CutForTransfer, less its locks and freeze.
 				Cut: func(id string, c store.Claim) (*pool.Pool, *store.Snapshot, error) {
@@ -183,7 +201,7 @@ func setup(t *testing.T) *nodes {
 					return n.src, s, v, nil
 				}},
 			Authorizer: n.authz,
-		})
+		}))
 	}()
 	n.im = &Importer{Credentials: c["node-b"], Resolver: staticResolver{"node-a": lis.Addr().String()}, RetryMin: 10 * time.Millisecond, SyncEvery: 1 << 20}
 	t.Cleanup(func() {
@@ -691,5 +709,115 @@ func TestSweeperClearsCancelledMoves(t *testing.T) {
 		if (got.Moving != nil) != c.moving {
 			t.Errorf("volume %s (claim %s): moving %v, want %v", c.v.Name, c.v.Name, got.Moving != nil, c.moving)
 		}
+	}
+}
+
+// events records what was posted on which object.
+type events struct {
+	mu  sync.Mutex
+	got []string // "namespace/name reason: message"
+}
+
+func (e *events) Event(obj runtime.Object, kind, reason, msg string) {
+	m, _ := obj.(metav1.Object)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.got = append(e.got, fmt.Sprintf("%s/%s %s %s: %s", m.GetNamespace(), m.GetName(), kind, reason, msg))
+}
+
+func (e *events) Eventf(obj runtime.Object, kind, reason, format string, args ...any) {
+	e.Event(obj, kind, reason, fmt.Sprintf(format, args...))
+}
+
+func (e *events) AnnotatedEventf(obj runtime.Object, _ map[string]string, kind, reason, format string, args ...any) {
+	e.Eventf(obj, kind, reason, format, args...)
+}
+
+func (e *events) on(claim string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, g := range e.got {
+		if strings.HasPrefix(g, claim+" ") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// A migration's copy pulled by a plugin older than versions (which would
+// take the first copy for the whole volume and switch) is refused by the
+// source, which says so on the copy's claim and on the claim that moves;
+// a target that finds the source speaking another version says so too,
+// and neither gives the copy up: it is retried, and passes once both
+// speak the same version.
+func TestVersionMismatchRefusesTheMigrationAndSaysSo(t *testing.T) {
+	n := setup(t)
+	n.authz.move = true
+	n.inUse.Store(true)
+	claims := fake.NewClientset(
+		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "data", UID: "uid-data"}},
+		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "podvol-move-x", UID: "uid-move"},
+			Spec: corev1.PersistentVolumeClaimSpec{DataSourceRef: &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "data"}}},
+	)
+	source, target := &events{}, &events{}
+	n.warnings.Store(&Warnings{Client: claims, Recorder: source})
+	n.im.Warnings = &Warnings{Client: claims, Recorder: target}
+	n.oldTarget.Store(true)
+	v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: "moved", SizeBytes: 64 << 20, FsType: "ext4",
+		Source: &store.Source{Kind: store.FromVolume, ID: n.vol.ID, Node: "node-a"},
+		Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "podvol-move-x", ClaimUID: "uid-move"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	said := ""
+	for len(source.on("team-a/data")) == 0 || len(target.on("team-a/data")) == 0 || !strings.Contains(said, "retrying") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warnings after 30 s: source %q, target %q; status %q", source.got, target.got, said)
+		}
+		said = n.im.Ensure(n.dst, v)
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, c := range []struct {
+		who   string
+		ev    *events
+		claim string
+		want  []string
+	}{
+		{"source", source, "team-a/data", []string{"Warning TransferVersionMismatch", "node node-b's plugin announced no transfer protocol version", "too old to take a migration's copy", "upgrade the podvol node plugins"}},
+		{"source", source, "team-a/podvol-move-x", []string{"Warning TransferVersionMismatch", "upgrade the podvol node plugins"}},
+		{"target", target, "team-a/data", []string{"Warning TransferVersionMismatch", "copying volume " + n.vol.ID + " from node node-a", "upgrade the podvol node plugins"}},
+		{"target", target, "team-a/podvol-move-x", []string{"Warning TransferVersionMismatch", "upgrade the podvol node plugins"}},
+	} {
+		got := c.ev.on(c.claim)
+		if len(got) == 0 {
+			t.Errorf("the %s posted nothing on claim %s", c.who, c.claim)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(got[0], w) {
+				t.Errorf("the %s posted %q on claim %s, which does not say %q", c.who, got[0], c.claim, w)
+			}
+		}
+	}
+	if !strings.Contains(said, "upgrade the podvol node plugins") {
+		t.Errorf("the copy's status %q does not say what to do", said)
+	}
+	// The target warns once for the same refusal, however often it tries.
+	if got := target.on("team-a/data"); len(got) != 1 {
+		t.Errorf("the target posted %d warnings on the claim, want 1: %q", len(got), got)
+	}
+	rec, err := n.dst.Store().Volume(v.ID)
+	if err != nil || rec.State != store.Importing || rec.Import.Base != "" || rec.Import.Verified != 0 {
+		t.Fatalf("after the refusals the copy is %+v (%v): want it importing, nothing pulled", rec, err)
+	}
+	// The plugins upgraded, the copy goes on.
+	n.oldTarget.Store(false)
+	for said = ""; !strings.Contains(said, "the rest follows once no pod uses the source volume"); said = n.im.Ensure(n.dst, v) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first copy never came after the upgrade: %q", said)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -271,6 +271,7 @@ func (p *Pull) get(ctx context.Context, since string, from int64) (*http.Respons
 	if err != nil {
 		return nil, err
 	}
+	req.Header.Set(headerVersion, strconv.Itoa(Version))
 	resp, err := p.Client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err)
@@ -278,6 +279,10 @@ func (p *Pull) get(ctx context.Context, since string, from int64) (*http.Respons
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		return nil, fmt.Errorf("pull %s from %s for claim %s: %w", p.Source, p.Address, p.Claim, errorOf(resp))
+	}
+	if err := sourceSpeaks(resp); err != nil {
+		resp.Body.Close()
+		return nil, fmt.Errorf("pull %s from %s for claim %s: %w", p.Source, p.Address, p.Claim, err)
 	}
 	return resp, nil
 }

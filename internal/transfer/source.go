@@ -26,6 +26,10 @@ const Path = "/v1/images/"
 type Server struct {
 	Images     Images
 	Authorizer Authorizer
+	// Mismatch, if not nil, is told of each authorized pull refused
+	// because its caller does not speak Version (so that the claim's user
+	// learns it: the caller may be too old to say why it fails).
+	Mismatch func(ctx context.Context, r Request, err error)
 	// Limiter, if not nil, is shared by every pull this server serves: the
 	// node's bandwidth for transfers. Its burst must be at least ChunkSize.
 	Limiter *rate.Limiter
@@ -70,6 +74,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), statusOf(err))
 		return
 	}
+	// After the authorizer: it marks a migration, whose refusal says
+	// more, and only a caller allowed the data learns anything.
+	if err := callerSpeaks(req); err != nil {
+		log.Info("Refused a pull", "err", err)
+		if s.Mismatch != nil {
+			s.Mismatch(r.Context(), req, err)
+		}
+		http.Error(w, err.Error(), http.StatusUpgradeRequired)
+		return
+	}
 	img, err := s.Images.Open(r.Context(), req)
 	if err != nil {
 		log.Info("Cannot serve a pull", "err", err)
@@ -101,6 +115,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	total := spanBytes(spans)
 	h := w.Header()
 	h.Set("Content-Type", "application/vnd.podvol.transfer")
+	h.Set(headerVersion, strconv.Itoa(Version))
 	h.Set(headerSize, strconv.FormatInt(img.Size, 10))
 	h.Set(headerIdentity, img.Identity)
 	h.Set(headerData, strconv.FormatInt(total, 10))
@@ -288,6 +303,13 @@ func parseRequest(r *http.Request) (Request, error) {
 	if req.Claim.Namespace == "" || req.Claim.Name == "" || req.Claim.UID == "" {
 		return req, fmt.Errorf("a pull names its claim: namespace, name and uid")
 	}
+	if v := r.Header.Get(headerVersion); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return req, fmt.Errorf("transfer protocol version %q is not a version", v)
+		}
+		req.Version = n
+	}
 	req.Since = q.Get("since")
 	if len(req.Since) > 256 {
 		return req, fmt.Errorf("since is %d bytes long: not an image identity", len(req.Since))
@@ -316,6 +338,43 @@ func statusOf(err error) int {
 	return http.StatusInternalServerError
 }
 
+// ErrVersion: the two ends of a pull do not speak the same transfer
+// protocol (Version). Retrying helps once the node plugins are upgraded.
+var ErrVersion = errors.New("the nodes' plugins speak different transfer protocol versions")
+
+// upgrade is what to do about a version mismatch.
+const upgrade = "upgrade the podvol node plugins (the podvol-node DaemonSet) so that both nodes run the same podvol version; the pull is retried until then"
+
+// callerSpeaks refuses a request whose caller does not speak Version. A
+// caller that announces none is older than versions: it does not know
+// that a migration's first copy is followed by more (headerMore), nor, in
+// any pull, the frames of this version.
+func callerSpeaks(r Request) error {
+	switch {
+	case r.Version == Version:
+		return nil
+	case r.Version == 0 && r.Move:
+		return fmt.Errorf("node %s's plugin announced no transfer protocol version (this node speaks version %d): it is too old to take a migration's copy (it would take the first copy, made while the pod runs, for the whole volume and lose what the pod wrote after it), so the migration of claim %s waits; %s: %w",
+			r.Caller, Version, r.Claim, upgrade, ErrVersion)
+	case r.Version == 0:
+		return fmt.Errorf("node %s's plugin announced no transfer protocol version (this node speaks version %d): it is too old to pull from this node; %s: %w", r.Caller, Version, upgrade, ErrVersion)
+	}
+	return fmt.Errorf("node %s's plugin speaks transfer protocol version %d, this node version %d; %s: %w", r.Caller, r.Version, Version, upgrade, ErrVersion)
+}
+
+// sourceSpeaks refuses the answer of a source that does not speak Version
+// (one that announces none is older than versions).
+func sourceSpeaks(resp *http.Response) error {
+	v := resp.Header.Get(headerVersion)
+	if v == strconv.Itoa(Version) {
+		return nil
+	}
+	if v == "" {
+		v = "none (a plugin older than versions)"
+	}
+	return fmt.Errorf("the source's plugin answered with transfer protocol version %s, this node speaks version %d; %s: %w", v, Version, upgrade, ErrVersion)
+}
+
 // errBeyond: a pull resumed past the end of the source's image.
 var errBeyond = errors.New("the offset is beyond the source's image")
 
@@ -334,6 +393,8 @@ func errorOf(resp *http.Response) error {
 		return fmt.Errorf("%s: %w", msg, errkind.ErrInvalid)
 	case http.StatusTooEarly:
 		return fmt.Errorf("%s: %w", msg, errkind.ErrInUse)
+	case http.StatusUpgradeRequired:
+		return fmt.Errorf("%s: %w", msg, ErrVersion)
 	}
 	return errors.New(msg)
 }

@@ -84,6 +84,9 @@ type Request struct {
 	// Since is the identity of an image the caller holds whole (an earlier
 	// pull of the same source): only what differs from it is asked for.
 	Since string
+	// Version is the transfer protocol the caller announced (0: none, a
+	// plugin older than versions).
+	Version int
 	// Move is set by the Authorizer for a pull that moves a volume in use
 	// (a migration): the source serves what it has while the volume is in
 	// use (Image.More) and the rest once it is not.

@@ -175,17 +175,20 @@ func (f *files) keepBase(t *testing.T, source string) string {
 	return identity(fi)
 }
 
-// authz records what it was asked and answers err.
+// authz records what it was asked and answers err; move marks every
+// request a migration's.
 type authz struct {
 	mu   sync.Mutex
 	seen []Request
 	err  error
+	move bool
 }
 
 func (a *authz) Authorize(_ context.Context, r *Request) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.seen = append(a.seen, *r)
+	r.Move = a.move
 	return a.err
 }
 
@@ -360,7 +363,7 @@ func TestPullMovesOnlyTheData(t *testing.T) {
 			t.Errorf("checkpoints go backwards: %+v", checkpoints)
 		}
 	}
-	want := Request{Caller: "node-b", Source: "snap-1", Claim: testClaim}
+	want := Request{Caller: "node-b", Source: "snap-1", Claim: testClaim, Version: Version}
 	if len(fx.authz.seen) != 1 || fx.authz.seen[0] != want {
 		t.Errorf("authorizer asked %+v, want once %+v", fx.authz.seen, want)
 	}
@@ -508,6 +511,7 @@ func TestPullStartsAgainWhenTheImageChanged(t *testing.T) {
 // rawSource answers a pull with a stream the test makes.
 func rawSource(size int64, body []byte) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(headerVersion, strconv.Itoa(Version))
 		w.Header().Set(headerSize, strconv.FormatInt(size, 10))
 		w.Header().Set(headerIdentity, "raw")
 		w.Header().Set(headerData, "1")
@@ -629,6 +633,124 @@ func TestPullRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// Both ends check the transfer protocol's version: a caller that announces
+// none (a plugin older than versions, which would ignore Podvol-More and
+// switch a migration after its first copy) or another one is refused
+// before the image is opened, with what to do, and the server's Mismatch
+// hears of it; a source that answers with none or another one is refused
+// before a frame is read.
+func TestVersionSkewIsRefused(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	makeImage(t, filepath.Join(fx.dir, "snap-v.img"), 1<<20, []extent{{0, random(4096)}})
+	var mismatches []error
+	fx.server.Mismatch = func(_ context.Context, r Request, err error) {
+		if r.Caller != "node-b" || r.Claim != testClaim {
+			t.Errorf("Mismatch told of %+v", r)
+		}
+		mismatches = append(mismatches, err)
+	}
+	get := func(t *testing.T, version string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, "https://"+fx.addr+Path+"snap-v?namespace=team-a&name=data&uid="+testClaimUID, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if version != "" {
+			req.Header.Set(headerVersion, version)
+		}
+		resp, err := Client(fx.target, "node-a").Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for _, c := range []struct {
+		name, version string
+		move          bool
+		want          []string
+	}{
+		{"a migration's pull without a version", "", true, []string{"node node-b's plugin announced no transfer protocol version", "too old to take a migration's copy", "claim team-a/data waits", "upgrade the podvol node plugins"}},
+		{"a restore's pull without a version", "", false, []string{"node node-b's plugin announced no transfer protocol version", "upgrade the podvol node plugins"}},
+		{"a newer caller", strconv.Itoa(Version + 1), true, []string{fmt.Sprintf("speaks transfer protocol version %d, this node version %d", Version+1, Version), "upgrade the podvol node plugins"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fx.authz.move = c.move
+			defer func() { fx.authz.move = false }()
+			opened, told := fx.images.opened, len(mismatches)
+			code, body := get(t, c.version)
+			if code != http.StatusUpgradeRequired {
+				t.Fatalf("answered %d (%s), want %d", code, body, http.StatusUpgradeRequired)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(body, w) {
+					t.Errorf("answer %q does not say %q", body, w)
+				}
+			}
+			if fx.images.opened != opened {
+				t.Error("the image was opened for a refused pull")
+			}
+			if len(mismatches) != told+1 || !errors.Is(mismatches[len(mismatches)-1], ErrVersion) {
+				t.Errorf("Mismatch heard %v", mismatches[told:])
+			}
+		})
+	}
+	t.Run("a pull of this version passes", func(t *testing.T) {
+		dst, _ := openDst(t)
+		p := fx.pull(t, "snap-v", dst)
+		fx.server.Mismatch = nil
+		fx.authz.move = true
+		defer func() { fx.authz.move = false }()
+		// A caller that announces the version passes.
+		if _, err := p.Run(context.Background()); err != nil {
+			t.Fatalf("a pull of this version: %v", err)
+		}
+	})
+	for _, c := range []struct{ name, version, want string }{
+		{"a source without a version", "", "answered with transfer protocol version none"},
+		{"a newer source", strconv.Itoa(Version + 1), fmt.Sprintf("answered with transfer protocol version %d, this node speaks version %d", Version+1, Version)},
+		{"a source that refuses this version", "refuse", "426 Upgrade Required: node node-b's plugin speaks"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ca := newCA(t)
+			// A stream that is right in every other way.
+			var body bytes.Buffer
+			w, data := newWriter(&body), random(4096)
+			_ = w.data(0, data, checksum(data))
+			_ = w.end()
+			addr := serve(t, ca.creds(t, CommonName("node-a")), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if got := r.Header.Get(headerVersion); got != strconv.Itoa(Version) {
+					t.Errorf("the pull announced version %q, want %d", got, Version)
+				}
+				if c.version == "refuse" {
+					http.Error(w, callerSpeaks(Request{Caller: "node-b", Version: Version + 1}).Error(), http.StatusUpgradeRequired)
+					return
+				}
+				if c.version != "" {
+					w.Header().Set(headerVersion, c.version)
+				}
+				w.Header().Set(headerSize, "4096")
+				w.Header().Set(headerIdentity, "old")
+				w.Header().Set(headerData, "4096")
+				w.Header().Set(headerMore, "true")
+				_, _ = w.Write(body.Bytes())
+			}))
+			dst, _ := openDst(t)
+			var cps []Checkpoint
+			p := &Pull{Client: Client(ca.creds(t, CommonName("node-b")), "node-a"), Address: addr, Source: "snap-v", Claim: testClaim, Dst: dst,
+				Checkpoint: func(cp Checkpoint) error { cps = append(cps, cp); return nil }}
+			_, err := p.Run(context.Background())
+			if !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "upgrade the podvol node plugins") {
+				t.Fatalf("pull: %v, want ErrVersion saying %q", err, c.want)
+			}
+			if len(cps) != 0 {
+				t.Errorf("checkpoints %+v of a refused source", cps)
+			}
+		})
+	}
 }
 
 // The bandwidth limit is taken for each chunk of data, not for zeros: with

@@ -48,6 +48,22 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // checksum is a chunk's checksum.
 func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
+// Version is the transfer protocol this plugin speaks: the stream's
+// frames and what its headers mean (headerMore above all: a target that
+// ignored it would take a migration's first copy for the whole volume and
+// switch, losing what the pod wrote after it). Both ends must speak the
+// same one: the target announces it in its request (headerVersion), the
+// source refuses a caller that does not, and answers with its own, which
+// the target checks before it reads a frame. Any change to the frames or
+// to what a header means takes the next number.
+//
+// 1: the first versioned protocol (the plugins before it sent no version;
+// they are refused either way).
+const Version = 1
+
+// headerVersion carries Version, on the request and on the 200 answer.
+const headerVersion = "Podvol-Transfer-Version"
+
 // Response headers of a pull's 200 answer.
 const (
 	headerSize     = "Podvol-Image-Size"
