@@ -43,7 +43,8 @@ func main() {
 		endpoint    = flag.String("endpoint", "unix:///run/podvol/csi.sock", "CSI endpoint: unix:///path/to/csi.sock")
 		nodeID      = flag.String("node-id", "", "name of this node (required); volumes carry it as topology "+names.TopologyKey)
 		poolDir     = flag.String("pool-dir", "/var/lib/podvol", "directory of the pool named default (volume images and the metadata store); with --pool, served only when set")
-		capacity    = flag.String("capacity", "", "capacity of --pool-dir's pool, e.g. 20Gi; default: the size of the filesystem holding it")
+		capacity    = flag.String("capacity", "", "capacity of --pool-dir's pool, e.g. 20Gi; default: what the filesystem holding it can give its volumes (its free space less its reserves, plus what the pool's images hold, less a margin for their block maps and the metadata store); more is refused at start unless --force-capacity")
+		forceCap    = flag.Bool("force-capacity", false, "start with a pool capacity (--capacity, --pool ...,capacity=) above what the pool's filesystem can give its volumes; writes inside volumes may then fail with ENOSPC although the volume is not full")
 		lockWait    = flag.Duration("pool-lock-wait", time.Minute, "how long to wait at start for another podvol-plugin holding a pool to let go (a plugin pod being replaced by another DaemonSet's); past it the start fails")
 		inlinePools = flag.String("inline-pools", pool.DefaultName, "comma-separated pools inline ephemeral volumes may name (volumeAttributes pool): no StorageClass, quota or scheduler stands between a pod and them")
 		forgetPools = flag.String("forget-pool", "", "comma-separated names of pools served before that are gone for good with their volumes: start without them (refused otherwise)")
@@ -97,7 +98,7 @@ func main() {
 			inline = append(inline, n)
 		}
 	}
-	cfg := config{inlinePools: inline, endpoint: *endpoint, nodeID: *nodeID, pools: specs, forget: forget, lockWait: *lockWait, metricsAddr: *metricsAddr,
+	cfg := config{inlinePools: inline, endpoint: *endpoint, nodeID: *nodeID, pools: specs, forceCapacity: *forceCap, forget: forget, lockWait: *lockWait, metricsAddr: *metricsAddr,
 		metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
 		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery,
@@ -112,6 +113,7 @@ func main() {
 type config struct {
 	endpoint, nodeID, metricsAddr     string
 	pools                             []poolSpec
+	forceCapacity                     bool
 	forget                            []string
 	lockWait                          time.Duration
 	inlinePools                       []string
@@ -214,6 +216,9 @@ func run(c config) error {
 		}
 		opened = append(opened, p)
 	}
+	if err := checkOpenedCapacities(specs, opened, c.forceCapacity); err != nil {
+		return err
+	}
 	for _, p := range opened {
 		if err := p.RecordServedWith(served); err != nil {
 			return err
@@ -243,7 +248,13 @@ func run(c config) error {
 			klog.ErrorS(err, "Recovery of the pool was incomplete; serving anyway", "pool", p.Name())
 		}
 		total, allocated := p.Capacity()
-		klog.InfoS("Pool ready", "pool", p.Name(), "dir", p.Dir(), "capacityBytes", total, "allocatedBytes", allocated)
+		room := p.Room()
+		klog.InfoS("Pool ready", "pool", p.Name(), "dir", p.Dir(), "capacityBytes", total, "allocatedBytes", allocated,
+			"roomBytes", room.Bytes(), "filesystemFreeBytes", room.Free, "imagesBytes", room.Images, "keptBytes", room.Kept())
+		if allocated > total {
+			klog.ErrorS(nil, "The pool's volumes and snapshots were promised more than its capacity (the filesystem has less room than when they were admitted, or the capacity was lowered): they stay, and the pool admits nothing more until enough of them are deleted",
+				"pool", p.Name(), "capacityBytes", total, "allocatedBytes", allocated, "room", room.String())
+		}
 		inl := &inline.Manager{Pool: p, Node: n, KubeletDir: c.kubeletDir, Device: host, Locks: locks}
 		// The first collection runs before serving: a volume leaked
 		// while the plugin was down is gone before kubelet's first call.

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/pool"
@@ -178,4 +179,73 @@ func checkFilesystems(specs []poolSpec) error {
 		fsOf[st.Dev] = i
 	}
 	return nil
+}
+
+// checkCapacities refuses a capacity given for a pool that is more than the
+// filesystem holding it can give the pool's images (pool.Room), and the
+// capacities of pools on one filesystem that together are: volumes written
+// whole would find the filesystem full, and writes inside them would fail
+// with ENOSPC although no volume is. With force, each such promise is
+// logged and kept. A pool with no capacity given takes its room, so it
+// passes (and shares no filesystem: checkFilesystems). rooms and fsIDs are
+// the pools', by index of specs: their measure and their filesystem.
+func checkCapacities(specs []poolSpec, rooms []pool.Room, fsIDs []uint64, force bool) error {
+	var errs []error
+	done := map[uint64]bool{}
+	for i, s := range specs {
+		if s.capacity == 0 || done[fsIDs[i]] {
+			continue
+		}
+		done[fsIDs[i]] = true
+		room, given, names := pool.Room{}, int64(0), []string{}
+		for j := i; j < len(specs); j++ {
+			if fsIDs[j] != fsIDs[i] {
+				continue
+			}
+			if len(names) == 0 {
+				room = rooms[j]
+			} else {
+				room = room.Plus(rooms[j])
+			}
+			given += specs[j].capacity
+			names = append(names, fmt.Sprintf("%s (%s)", specs[j].name, humanQuantity(specs[j].capacity)))
+		}
+		if given <= room.Bytes() {
+			continue
+		}
+		var err error
+		if len(names) == 1 {
+			err = fmt.Errorf("pool %s: its capacity, %s, is more than the filesystem holding %s can give its volumes, %s; volumes written whole would find the filesystem full, and writes inside them fail with ENOSPC although no volume is full: give a capacity of at most %s (or none: the plugin then takes this figure), make room on the filesystem, or pass --force-capacity to promise it anyway",
+				s.name, humanQuantity(s.capacity), s.dir, room, humanQuantity(room.Bytes()))
+		} else {
+			err = fmt.Errorf("pools %s are on one filesystem and given %s together, more than it can give their volumes, %s; volumes written whole would find the filesystem full, and writes inside them fail with ENOSPC although no volume is full: give them at most %s together, make room on the filesystem, or pass --force-capacity to promise it anyway",
+				strings.Join(names, ", "), humanQuantity(given), room, humanQuantity(room.Bytes()))
+		}
+		if !force {
+			errs = append(errs, err)
+			continue
+		}
+		klog.ErrorS(err, "Capacity forced (--force-capacity): promised anyway")
+	}
+	return errors.Join(errs...)
+}
+
+// humanQuantity is n bytes as a quantity a flag takes (2Gi, 1500Mi).
+func humanQuantity(n int64) string {
+	return resource.NewQuantity(n, resource.BinarySI).String()
+}
+
+// checkOpenedCapacities is checkCapacities on the opened pools, each in the
+// order of specs.
+func checkOpenedCapacities(specs []poolSpec, opened []*pool.Pool, force bool) error {
+	rooms := make([]pool.Room, len(opened))
+	fsIDs := make([]uint64, len(opened))
+	for i, p := range opened {
+		var st unix.Stat_t
+		if err := unix.Stat(p.Dir(), &st); err != nil {
+			return fmt.Errorf("pool %s: %w", p.Name(), err)
+		}
+		rooms[i], fsIDs[i] = p.Room(), st.Dev
+	}
+	return checkCapacities(specs, rooms, fsIDs, force)
 }

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/podvol/podvol/internal/pool"
 )
 
 func TestPoolSpecs(t *testing.T) {
@@ -91,5 +93,47 @@ func TestParseForget(t *testing.T) {
 	}
 	if _, err := parseForget("fast,Slow"); err == nil || !strings.Contains(err.Error(), `"Slow" is no pool's name`) {
 		t.Errorf("parseForget of a bad name: %v", err)
+	}
+}
+
+// A capacity given above its pool's room is refused with the room's figure,
+// pools on one filesystem are added up, a pool with none given passes, and
+// --force-capacity lets each through.
+func TestCheckCapacities(t *testing.T) {
+	const mi = 1 << 20
+	// 900 MiB free, nothing held, 16 MiB kept for the store: 876 MiB.
+	room := pool.Room{Free: 900 * mi, Store: 16 * mi, BlockSize: 4096}
+	if got := room.Bytes(); got != 876*mi {
+		t.Fatalf("room %d MiB, want 876", got/mi)
+	}
+	spec := func(name string, capacity int64) poolSpec {
+		return poolSpec{name: name, dir: "/" + name, capacity: capacity}
+	}
+	for _, c := range []struct {
+		specs []poolSpec
+		fs    []uint64
+		want  string // "" or the error's text
+	}{
+		{[]poolSpec{spec("default", 0)}, []uint64{1}, ""},
+		{[]poolSpec{spec("default", 876*mi)}, []uint64{1}, ""},
+		{[]poolSpec{spec("default", 877*mi)}, []uint64{1}, "pool default: its capacity, 877Mi, is more than the filesystem holding /default can give its volumes, 876 MiB: 900 MiB free less the filesystem's reserves, plus 0 MiB the pool's images hold, less 23 MiB kept back"},
+		{[]poolSpec{spec("default", 2<<30)}, []uint64{1}, "give a capacity of at most 876Mi (or none"},
+		// Each on a filesystem of its own: each within its room.
+		{[]poolSpec{spec("a", 800*mi), spec("b", 800*mi)}, []uint64{1, 2}, ""},
+		// On one: together. The free space counts once, both stores.
+		{[]poolSpec{spec("a", 450*mi), spec("b", 450*mi)}, []uint64{1, 1}, "pools a (450Mi), b (450Mi) are on one filesystem and given 900Mi together, more than it can give their volumes, 860 MiB:"},
+		{[]poolSpec{spec("a", 400*mi), spec("c", 100*mi), spec("b", 460*mi)}, []uint64{1, 2, 1}, ""},
+	} {
+		rooms := make([]pool.Room, len(c.specs))
+		for i := range rooms {
+			rooms[i] = room
+		}
+		err := checkCapacities(c.specs, rooms, c.fs, false)
+		if (err == nil) != (c.want == "") || err != nil && !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v on filesystems %v: %v, want %q", c.specs, c.fs, err, c.want)
+		}
+		if err := checkCapacities(c.specs, rooms, c.fs, true); err != nil {
+			t.Errorf("%v forced: %v", c.specs, err)
+		}
 	}
 }

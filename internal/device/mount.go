@@ -98,6 +98,9 @@ func MountsOf(dev string) ([]string, error) {
 type FSStats struct {
 	TotalBytes, AvailableBytes, UsedBytes int64
 	TotalInodes, FreeInodes, UsedInodes   int64
+	// BlockSize is the filesystem's block (its allocation unit); 0 if
+	// not known.
+	BlockSize int64
 }
 
 // Statfs returns usage of the filesystem mounted at path.
@@ -114,6 +117,7 @@ func Statfs(path string) (FSStats, error) {
 		TotalInodes:    int64(s.Files),
 		FreeInodes:     int64(s.Ffree),
 		UsedInodes:     int64(s.Files - s.Ffree),
+		BlockSize:      bs,
 	}, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -310,10 +311,11 @@ func (im *Importer) VolumeNode(ctx context.Context, imp *store.Import, id string
 }
 
 // final: retrying cannot help (refused, the source or the claim gone, the
-// data not fit for the volume).
+// data not fit for the volume, the pool's filesystem full).
 func final(err error) bool {
 	return errors.Is(err, errkind.ErrDenied) || errors.Is(err, errkind.ErrNotFound) ||
-		errors.Is(err, errkind.ErrInvalid) || errors.Is(err, errkind.ErrOutOfRange) || errors.Is(err, errkind.ErrConflict)
+		errors.Is(err, errkind.ErrInvalid) || errors.Is(err, errkind.ErrOutOfRange) || errors.Is(err, errkind.ErrConflict) ||
+		errors.Is(err, errkind.ErrNoSpace)
 }
 
 // errNotImporting: the volume is no longer importing (ready, or gone).
@@ -410,7 +412,20 @@ func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) (
 		},
 		SyncEvery: im.SyncEvery,
 	}
-	return pl.Run(ctx)
+	res, err := pl.Run(ctx)
+	return res, outOfSpace(p, err)
+}
+
+// outOfSpace makes a pull that found the pool's filesystem full a final
+// error: the pool admitted the volume, so its filesystem holds less than
+// the pool promised (shared with other files, or a capacity forced above
+// it), and a retry would only fill it again.
+func outOfSpace(p *pool.Pool, err error) error {
+	if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, unix.EDQUOT) {
+		return err
+	}
+	return fmt.Errorf("the filesystem of pool %s (%s) is full, although the pool admitted the volume: something besides the pool's volumes fills it, or its capacity was forced above what it can give (--force-capacity); make room on it or lower the pool's capacity: %w: %w",
+		p.Name(), p.Dir(), errkind.ErrNoSpace, err)
 }
 
 // inUsePoll is how often a migration's target asks whether the source's

@@ -821,3 +821,26 @@ func TestVersionMismatchRefusesTheMigrationAndSaysSo(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A pull that finds the pool's filesystem full is given up, not retried for
+// ever, and says why: the write's own error (/dev/full's ENOSPC, as a full
+// filesystem's), as the pull returns it.
+func TestPullOutOfSpaceIsFinal(t *testing.T) {
+	p := openPool(t)
+	f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, werr := f.WriteAt(make([]byte, 4096), 0)
+	f.Close()
+	werr = fmt.Errorf("pull snap-1 from 10.0.0.1:9816: write 4096 bytes at 0 of the copy: %w", werr)
+	err = outOfSpace(p, werr)
+	if !final(err) || !errors.Is(err, errkind.ErrNoSpace) || !strings.Contains(err.Error(), "the filesystem of pool default") ||
+		!strings.Contains(err.Error(), "no space left on device") {
+		t.Fatalf("a pull into a full filesystem: %v (final: %v), want a final ErrNoSpace naming the pool", err, final(err))
+	}
+	other := errors.New("connection reset")
+	if err := outOfSpace(p, other); err.Error() != other.Error() || errors.Is(err, errkind.ErrNoSpace) || final(err) {
+		t.Errorf("another error: %v (final %v), want it as it was, retried", err, final(err))
+	}
+}

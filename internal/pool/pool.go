@@ -32,7 +32,10 @@ type Config struct {
 	// Name of the pool (ValidName); "" is DefaultName.
 	Name string
 	Dir  string
-	// Capacity in bytes; 0 takes the size of the filesystem holding Dir.
+	// Capacity in bytes; 0 takes what the filesystem holding Dir can give
+	// the pool's images (Room.Bytes). A capacity above that is not
+	// refused here: the caller compares it with Pool.Room, where it can
+	// add up the pools that share a filesystem.
 	Capacity int64
 	// UnknownImages is what to do with images the store has no record
 	// of: UnknownRefuse (the default), UnknownAdopt or UnknownDelete.
@@ -54,6 +57,7 @@ type Pool struct {
 	volDir   string
 	snapDir  string
 	capacity int64
+	room     Room
 	store    *store.Store
 	reflink  bool
 	dev      device.Interface
@@ -109,14 +113,6 @@ func Open(cfg Config) (*Pool, error) {
 	} else {
 		klog.InfoS("Pool filesystem has no reflink: snapshots and clones are sparse copies, their time grows with the data (use XFS or btrfs for constant time)", "dir", dir)
 	}
-	p.capacity = cfg.Capacity
-	if p.capacity == 0 {
-		fs, err := p.dev.Statfs(dir)
-		if err != nil {
-			return nil, err
-		}
-		p.capacity = fs.TotalBytes
-	}
 	if p.store, err = openStore(filepath.Join(dir, "podvol.db"), cfg.LockWait); err != nil {
 		return nil, err
 	}
@@ -129,6 +125,14 @@ func Open(cfg Config) (*Pool, error) {
 	}
 	if err := p.accountForImages(context.Background(), cfg.UnknownImages); err != nil {
 		return nil, errors.Join(err, p.store.Close())
+	}
+	// Measured once every image left is the pool's own.
+	if p.room, err = p.measureRoom(); err != nil {
+		return nil, errors.Join(fmt.Errorf("pool %s: %w", dir, err), p.store.Close())
+	}
+	p.capacity = cfg.Capacity
+	if p.capacity == 0 {
+		p.capacity = p.room.Bytes()
 	}
 	return p, nil
 }

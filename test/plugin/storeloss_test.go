@@ -30,7 +30,7 @@ func TestLostStoreDeletesNothing(t *testing.T) {
 	e.p.Stop()
 	images := e.images()
 	db := filepath.Join(e.p.PoolDir, "podvol.db")
-	args := []string{"--endpoint", e.p.Endpoint, "--node-id", node, "--pool-dir", e.p.PoolDir, "--capacity", "200Gi"}
+	args := []string{"--endpoint", e.p.Endpoint, "--node-id", node, "--pool-dir", e.p.PoolDir, "--capacity", "200Gi", "--force-capacity"}
 
 	refused := func(what string) {
 		t.Helper()

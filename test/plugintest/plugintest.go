@@ -63,13 +63,20 @@ func RequireRoot(t testing.TB) {
 
 // Options configures one plugin process.
 type Options struct {
-	Dir      string // test directory: pool, socket and logs go below it
-	PoolDir  string // default: Dir/pool
-	NodeID   string
+	Dir     string // test directory: pool, socket and logs go below it
+	PoolDir string // default: Dir/pool
+	NodeID  string
+	// Capacity is the pool's --capacity, given with --force-capacity: the
+	// tests count promises, they do not write them, and their directory's
+	// filesystem holds less. "" is 200Gi; RoomCapacity gives none, so that
+	// the plugin takes what the pool's filesystem can give.
 	Capacity string
 	Env      []string // e.g. PODVOL_FAILPOINTS=...
 	Args     []string // "{dir}" in an argument stands for Dir
 }
+
+// RoomCapacity, as Options.Capacity, starts the plugin without --capacity.
+const RoomCapacity = "room"
 
 // Plugin is a running podvol-plugin.
 type Plugin struct {
@@ -105,7 +112,10 @@ func Start(t testing.TB, o Options) *Plugin {
 func (p *Plugin) start() {
 	t := p.t
 	t.Helper()
-	args := []string{"--endpoint", p.Endpoint, "--node-id", p.opts.NodeID, "--pool-dir", p.PoolDir, "--capacity", p.opts.Capacity, "-v=2"}
+	args := []string{"--endpoint", p.Endpoint, "--node-id", p.opts.NodeID, "--pool-dir", p.PoolDir, "-v=2"}
+	if p.opts.Capacity != RoomCapacity {
+		args = append(args, "--capacity", p.opts.Capacity, "--force-capacity")
+	}
 	for _, a := range p.opts.Args {
 		args = append(args, strings.ReplaceAll(a, "{dir}", p.opts.Dir))
 	}
@@ -342,8 +352,16 @@ func RunOnce(t testing.TB, args ...string) (string, error) {
 // detached when the test ends.
 func XFSPool(t testing.TB, dir string, size int64) string {
 	t.Helper()
-	img := filepath.Join(dir, "xfs-pool.img")
-	mnt := filepath.Join(dir, "xfs-pool")
+	return FilesystemPool(t, dir, "xfs", size)
+}
+
+// FilesystemPool makes a filesystem of fsType (xfs, with reflink, or ext4)
+// of size bytes on a loop device and mounts it at dir/<fsType>-pool, for a
+// pool of its own; the test's cleanup takes it down.
+func FilesystemPool(t testing.TB, dir, fsType string, size int64) string {
+	t.Helper()
+	img := filepath.Join(dir, fsType+"-pool.img")
+	mnt := filepath.Join(dir, fsType+"-pool")
 	f, err := os.Create(img)
 	if err != nil {
 		t.Fatal(err)
@@ -363,8 +381,12 @@ func XFSPool(t testing.TB, dir string, size int64) string {
 		_ = syscall.Unmount(mnt, 0)
 		_ = exec.Command("losetup", "-d", dev).Run()
 	})
-	if out, err := exec.Command("mkfs.xfs", "-q", "-f", "-m", "reflink=1", dev).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.xfs: %v: %s", err, out)
+	mkfs := map[string][]string{"xfs": {"mkfs.xfs", "-q", "-f", "-m", "reflink=1"}, "ext4": {"mkfs.ext4", "-q", "-F"}}[fsType]
+	if mkfs == nil {
+		t.Fatalf("no pool filesystem %q: want xfs or ext4", fsType)
+	}
+	if out, err := exec.Command(mkfs[0], append(mkfs[1:], dev)...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", mkfs[0], err, out)
 	}
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		t.Fatal(err)
