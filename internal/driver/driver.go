@@ -129,7 +129,8 @@ func toStatus(err error) error {
 		code = codes.AlreadyExists
 	case errors.Is(err, errkind.ErrNoSpace):
 		code = codes.ResourceExhausted
-	case errors.Is(err, errkind.ErrInUse), errors.Is(err, errkind.ErrNotStaged), errors.Is(err, errkind.ErrUnusable), errors.Is(err, errkind.ErrElsewhere):
+	case errors.Is(err, errkind.ErrInUse), errors.Is(err, errkind.ErrNotStaged), errors.Is(err, errkind.ErrUnusable), errors.Is(err, errkind.ErrElsewhere),
+		errors.Is(err, errkind.ErrNoFilesystem):
 		code = codes.FailedPrecondition
 	case errors.Is(err, errkind.ErrOutOfRange):
 		code = codes.OutOfRange

@@ -22,6 +22,7 @@ func TestToStatus(t *testing.T) {
 		{wrap(errkind.ErrNoSpace), codes.ResourceExhausted},
 		{wrap(errkind.ErrInUse), codes.FailedPrecondition},
 		{wrap(errkind.ErrUnusable), codes.FailedPrecondition},
+		{wrap(errkind.ErrNoFilesystem), codes.FailedPrecondition},
 		{wrap(errkind.ErrOutOfRange), codes.OutOfRange},
 		{wrap(errkind.ErrInvalid), codes.InvalidArgument},
 		{wrap(errkind.ErrDenied), codes.PermissionDenied},

@@ -28,4 +28,8 @@ var (
 	// ErrDenied: the caller is known but may not do this (a node asking
 	// for a volume no claim bound for it references).
 	ErrDenied = errors.New("permission denied")
+	// ErrNoFilesystem: a volume holds data that podvol did not write
+	// (pulled from another node) and no filesystem is found on it: it is
+	// never formatted.
+	ErrNoFilesystem = errors.New("holds data but no filesystem")
 )

@@ -270,6 +270,9 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 	}
 	switch found {
 	case "":
+		if err := n.formattable(v); err != nil {
+			return err
+		}
 		klog.InfoS("Formatting volume", "volume", v.ID, "fsType", v.FsType, "device", dev)
 		if err := n.dev.Format(ctx, dev, v.FsType); err != nil {
 			return fmt.Errorf("format volume %s: %w", v.ID, err)
@@ -306,6 +309,27 @@ func (n *Node) mountStaging(ctx context.Context, v *store.Volume, dev, path stri
 		return n.pool.FsGrown(v.ID)
 	}
 	return nil
+}
+
+// formattable refuses to format a volume whose data podvol did not write:
+// one pulled from another node (a restore, a clone, a migration's copy)
+// that holds any data but no filesystem was found on. mkfs would destroy
+// what the source held (its filesystem damaged on either node, or a raw
+// block volume's data). One that holds no data at all was pulled from a
+// source never formatted: nothing is lost, it is formatted as a new one.
+func (n *Node) formattable(v *store.Volume) error {
+	if !v.Pulled() {
+		return nil
+	}
+	holds, err := n.pool.HoldsData(v.ID)
+	if err != nil {
+		return fmt.Errorf("volume %s, pulled from node %s: %w", v.ID, v.Source.Node, err)
+	}
+	if !holds {
+		return nil
+	}
+	return fmt.Errorf("volume %s was pulled from node %s (%s %s) and holds data, but no %s filesystem was found on it: refusing to format it, which would destroy that data (its filesystem is damaged, on the source or in the copy, or it holds a raw block volume's data); restore the claim from a snapshot that holds its filesystem, or use it as a raw block volume: %w",
+		v.ID, v.Source.Node, v.Source.Kind, v.Source.ID, v.FsType, errkind.ErrNoFilesystem)
 }
 
 // stageIntact reports whether the recorded stage still exists in the kernel.

@@ -1,13 +1,18 @@
 package node_test
 
 import (
+	"bytes"
 	"errors"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/node"
+	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/size"
+	"github.com/podvol/podvol/internal/store"
 )
 
 func TestStageUnstageIdempotent(t *testing.T) {
@@ -143,4 +148,90 @@ func TestExpand(t *testing.T) {
 	if r := e.record(v.ID); !r.GrowFs || r.SizeBytes != size.GiB {
 		t.Fatalf("the image grew but no growth is pending: %+v", r)
 	}
+}
+
+// imported is a filesystem volume pulled from another node, made ready
+// the way the importer makes it: its image written (data at off, a
+// signature of sig if any), its pull recorded complete, finished.
+func (e *env) imported(fsType, sig string, data []byte, off int64) *volume {
+	e.t.Helper()
+	v, err := e.pool.CreateVolume(ctx, pool.CreateRequest{Name: "pvc-" + random(), SizeBytes: 512 * size.MiB, FsType: fsType,
+		Source: &store.Source{Kind: store.FromSnapshot, ID: "snap-0123456789abcdef", Node: "node-2"},
+		Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "restored", ClaimUID: "uid-restored"}})
+	must(e.t, err)
+	f, _, err := e.pool.ImportImage(v.ID)
+	must(e.t, err)
+	defer f.Close()
+	const pulled = 256 * size.MiB
+	must(e.t, f.Truncate(pulled))
+	if len(data) > 0 {
+		_, err = f.WriteAt(data, off)
+		must(e.t, err)
+	}
+	if sig != "" {
+		must(e.t, devicetest.WriteSignature(e.pool.ImagePath(v.ID), sig))
+	}
+	must(e.t, e.pool.RecordImport(v.ID, "snap@1", "", pulled, pulled))
+	v, err = e.pool.FinishImport(ctx, v.ID)
+	must(e.t, err)
+	return &volume{Volume: v, staging: e.stagingPath(v.ID), target: e.targetPath()}
+}
+
+// A volume pulled from another node is never formatted over its data: one
+// whose filesystem is not found (a copy or a source damaged, a raw block
+// volume's data) is refused at stage with FAILED_PRECONDITION and left as
+// it is; one with its filesystem is mounted; one that holds no data at
+// all (its source was never formatted) is formatted as a new volume is.
+func TestStageNeverFormatsAnImportedVolume(t *testing.T) {
+	data := bytes.Repeat([]byte("a pod's data "), 100000)
+	t.Run("data without a filesystem", func(t *testing.T) {
+		e := newEnv(t)
+		v := e.imported("ext4", "", data, 1*size.MiB)
+		before, err := os.ReadFile(e.pool.ImagePath(v.ID))
+		must(t, err)
+		err = e.node.Stage(ctx, node.StageRequest{VolumeID: v.ID, StagingPath: v.staging})
+		wantErr(t, err, errkind.ErrNoFilesystem, "stage of an imported volume without a filesystem")
+		for _, w := range []string{"pulled from node node-2", "no ext4 filesystem", "refusing to format"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q does not say %q", err, w)
+			}
+		}
+		if n := e.dev.Calls(devicetest.Format); n != 0 {
+			t.Fatalf("formatted %d times", n)
+		}
+		after, err := os.ReadFile(e.pool.ImagePath(v.ID))
+		must(t, err)
+		if !bytes.Equal(before, after) {
+			t.Fatal("the refused stage changed the image")
+		}
+		e.clean()
+		if r := e.record(v.ID); r.Stage != nil {
+			t.Fatalf("stage record: %+v", r.Stage)
+		}
+		// Staged for block access, its data is the consumer's: no
+		// filesystem is looked for.
+		must(t, e.node.Stage(ctx, stageBlock(v)))
+		must(t, e.node.Unstage(ctx, v.ID, v.staging))
+		e.clean()
+	})
+	t.Run("its filesystem", func(t *testing.T) {
+		e := newEnv(t)
+		v := e.imported("ext4", "ext4", data, 1*size.MiB)
+		e.mountedFrom(v.staging, e.stage(v))
+		if n := e.dev.Calls(devicetest.Format); n != 0 {
+			t.Fatalf("formatted %d times", n)
+		}
+		must(t, e.node.Unstage(ctx, v.ID, v.staging))
+		e.clean()
+	})
+	t.Run("no data at all", func(t *testing.T) {
+		e := newEnv(t)
+		v := e.imported("xfs", "", nil, 0)
+		e.mountedFrom(v.staging, e.stage(v))
+		if sig, _ := devicetest.ReadSignature(e.pool.ImagePath(v.ID)); sig == nil || sig.Type != "xfs" {
+			t.Fatalf("image holds %+v after stage", sig)
+		}
+		must(t, e.node.Unstage(ctx, v.ID, v.staging))
+		e.clean()
+	})
 }

@@ -7,6 +7,9 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
 	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/store"
 )
@@ -103,6 +106,15 @@ func (p *Pool) FinishImport(ctx context.Context, id string) (*store.Volume, erro
 		if got != "" && got != v.FsType {
 			return nil, fmt.Errorf("node %s's %s %s holds %s, the new volume asks for %s: %w", v.Source.Node, v.Source.Kind, v.Source.ID, got, v.FsType, errkind.ErrInvalid)
 		}
+		if got == "" {
+			// Kept, not given up: the copy is what the source held, and
+			// the stage refuses it (node.formattable) rather than format
+			// it, unless it holds nothing at all.
+			if holds, err := p.HoldsData(id); err != nil || holds {
+				klog.InfoS("The image pulled holds no filesystem: it will not be formatted, and a stage of it for a filesystem is refused",
+					"volume", id, "fsType", v.FsType, "sourceNode", v.Source.Node, "source", v.Source.ID, "err", err)
+			}
+		}
 	}
 	if v.SizeBytes > v.Import.Size {
 		if err := p.dev.GrowFile(img, v.SizeBytes); err != nil {
@@ -121,6 +133,24 @@ func (p *Pool) FinishImport(ctx context.Context, id string) (*store.Volume, erro
 		v.State, v.Import = store.Ready, nil
 		return nil
 	})
+}
+
+// HoldsData tells whether volume id's image holds any data (SEEK_DATA finds
+// some; where the filesystem cannot tell, yes).
+func (p *Pool) HoldsData(id string) (bool, error) {
+	f, err := os.Open(p.ImagePath(id))
+	if err != nil {
+		return false, fmt.Errorf("open the image of volume %s: %w", id, err)
+	}
+	defer f.Close()
+	_, err = unix.Seek(int(f.Fd()), 0, unix.SEEK_DATA)
+	if errors.Is(err, unix.ENXIO) {
+		return false, nil
+	}
+	if err != nil && !errors.Is(err, unix.EINVAL) {
+		return false, fmt.Errorf("look for data in the image of volume %s: %w", id, err)
+	}
+	return true, nil
 }
 
 // AbandonImport deletes an Importing volume and its image: its pull was

@@ -93,6 +93,10 @@ type Volume struct {
 	Publications map[string]*Publication `json:"publications,omitempty"`
 }
 
+// Pulled tells whether the volume's data was pulled from another node (its
+// Source is there): podvol did not write it, so it is never formatted.
+func (v *Volume) Pulled() bool { return v.Source != nil && v.Source.Node != "" }
+
 // Inline identifies the pod of an inline ephemeral volume.
 type Inline struct {
 	VolumeHandle string `json:"volumeHandle"` // the id kubelet gave the volume
