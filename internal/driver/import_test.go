@@ -215,7 +215,7 @@ func TestCutForTransfer(t *testing.T) {
 // A migration's pull reads the pre-copy's snapshot while the volume is
 // staged and the volume itself once it is not, marking it moving; a moving
 // volume is not staged here again (a write would not follow it) until the
-// mark is cleared.
+// mark is cleared; a new copy's claim takes the mark over.
 func TestCutForMove(t *testing.T) {
 	ctx := context.Background()
 	f := newFakeNode(t)
@@ -237,10 +237,14 @@ func TestCutForMove(t *testing.T) {
 	if !strings.Contains(err.Error(), "being moved to another node") {
 		t.Errorf("the refusal does not say why: %v", err)
 	}
-	other := store.Claim{Namespace: "team-a", Name: "other", UID: "0b1c2d3e-0000-4000-8000-00000000000c"}
-	if _, _, _, err := f.d.CutForMove(id, other); !errors.Is(err, errkind.ErrConflict) {
-		t.Fatalf("a second migration of a moving volume: %v, want a conflict", err)
+	// A copy made again (a migration cancelled and started again) takes
+	// the mark over: the volume has not changed since.
+	other := store.Claim{Namespace: "team-a", Name: "data-moving", UID: "0b1c2d3e-0000-4000-8000-00000000000c"}
+	if _, none, moving, err := f.d.CutForMove(id, other); err != nil || none != nil || moving == nil || moving.Moving.Claim != other {
+		t.Fatalf("the copy made again of a moving volume: %+v, %+v, %v: want the volume, marked moving for the new copy", none, moving, err)
 	}
+	_, err = f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwop()})
+	wantCode(t, err, codes.FailedPrecondition, "stage of a volume moving for the new copy")
 	if err := p.ClearMoving(id); err != nil {
 		t.Fatal(err)
 	}

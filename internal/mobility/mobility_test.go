@@ -673,6 +673,49 @@ func TestImportMovesAVolumeInUse(t *testing.T) {
 	}
 }
 
+// A migration cancelled after its last copy took the volume (uncordoned,
+// its copy's claim deleted) and started again makes a copy's claim of the
+// same name and a new UID: the volume, still marked moving for the first,
+// is handed to the new copy, which pulls it whole; the mark then names the
+// new claim (it used to answer the new copy HTTP 500 for ever).
+func TestImportMovesAVolumeAgainForANewCopy(t *testing.T) {
+	n := setup(t)
+	n.authz.move = true
+	moveFor := func(uid string) *store.Volume {
+		v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: "moved-" + uid, SizeBytes: 64 << 20, FsType: "ext4",
+			Source: &store.Source{Kind: store.FromVolume, ID: n.vol.ID, Node: "node-a"},
+			Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "podvol-move-x", ClaimUID: uid}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, said := n.wait(t, v)
+		if got == nil {
+			t.Fatalf("the copy for %s was given up: %v (%v)", uid, n.im.Failed(v.Name), said)
+		}
+		return got
+	}
+	first := moveFor("uid-first")
+	// The first copy is given up (its claim deleted: its volume goes).
+	if err := n.dst.DeleteVolume(context.Background(), first.ID); err != nil {
+		t.Fatal(err)
+	}
+	second := moveFor("uid-second")
+	img, err := os.ReadFile(n.dst.ImagePath(second.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(n.src.ImagePath(n.vol.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(img, src) {
+		t.Fatal("the second copy is not the volume")
+	}
+	if v, err := n.src.Store().Volume(n.vol.ID); err != nil || v.Moving == nil || v.Moving.Claim.UID != "uid-second" {
+		t.Errorf("the source volume: %+v, %v: want it marked moving for the second copy's claim", v, err)
+	}
+}
+
 // A volume marked moving stays so while its copy's claim exists (bound or
 // not) or its PV carries a migration's phase (switching, switched); once
 // neither (a migration cancelled), the sweep lets it be staged again.

@@ -177,9 +177,18 @@ func (p *Pool) importing(id string) (*store.Volume, error) {
 }
 
 // MarkMoving records that volume id's last data is being taken for claim
-// by a migration (once; the same claim again is a no-op): from then on the
+// by a migration (the same claim again is a no-op): from then on the
 // volume is not staged here until ClearMoving. A volume staged or published
 // is in use (errkind.ErrInUse): a pod may still write it.
+//
+// A volume moving for another claim is handed over to this one: the caller
+// asks only for the claim the volume's PV names as its migration's copy now
+// (mobility.ClaimAuthorizer), so the earlier one is a copy given up (a
+// migration cancelled and started again, its copy's claim deleted or made
+// again at a new size), whose mark would otherwise refuse the new copy for
+// ever. The volume has not been staged since it was marked, so what the
+// new claim reads is what the earlier one read; its Since changes, and with
+// it the identity a pull of the earlier claim resumes from.
 func (p *Pool) MarkMoving(id string, claim store.Claim) (*store.Volume, error) {
 	return p.store.Update(id, func(v *store.Volume) error {
 		switch {
@@ -187,8 +196,6 @@ func (p *Pool) MarkMoving(id string, claim store.Claim) (*store.Volume, error) {
 			return fmt.Errorf("volume %s is %s: %w", id, v.State, errkind.ErrNotFound)
 		case v.Moving != nil && v.Moving.Claim.UID == claim.UID:
 			return nil
-		case v.Moving != nil:
-			return fmt.Errorf("volume %s is moving for claim %s/%s already: %w", id, v.Moving.Claim.Namespace, v.Moving.Claim.Name, errkind.ErrConflict)
 		case v.Stage != nil || len(v.Publications) > 0:
 			return fmt.Errorf("volume %s is staged: %w", id, errkind.ErrInUse)
 		}
