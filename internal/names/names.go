@@ -70,6 +70,10 @@ const (
 	// MigrationClaimDeleted records the UID of the claim the switch
 	// deleted, before it does: only that claim is made again.
 	MigrationClaimDeleted = "podvol.io/migration-claim-deleted"
+	// MigrationClaimMade records the UID of the claim made again in its
+	// place (by the switch, or its owner first): once it is gone, it is
+	// not made again.
+	MigrationClaimMade = "podvol.io/migration-claim-made"
 	// MigrationVolume names the PV of the copy, once it is bound.
 	MigrationVolume = "podvol.io/migration-volume"
 	// MigrationReclaim keeps a PV's reclaim policy while the migration

@@ -31,6 +31,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -68,6 +69,10 @@ type Reconciler struct {
 	// Poll is how often a migration in progress is looked at (5 s if 0):
 	// the clone's copy and the pods are not watched.
 	Poll time.Duration
+	// StuckGrace is how long a pod of a claim being switched may stay on
+	// the old node past its deletion's deadline before it is deleted at
+	// once (1 minute if 0): its node's kubelet does not finish it.
+	StuckGrace time.Duration
 }
 
 const stashKey = "pvc.json"
@@ -87,6 +92,42 @@ func (r *Reconciler) poll() time.Duration {
 		return r.Poll
 	}
 	return 5 * time.Second
+}
+
+func (r *Reconciler) stuckGrace() time.Duration {
+	if r.StuckGrace > 0 {
+		return r.StuckGrace
+	}
+	return time.Minute
+}
+
+// sizeOf is the size a copy of pv for pvc must have: the largest of the
+// PV's capacity and the claim's request and status. An expansion shows on
+// the claim first, on the PV once external-resizer took it, and grows the
+// volume on its node (NodeExpandVolume) while it is staged: a copy of the
+// old size could not take the last data.
+func sizeOf(pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim) resource.Quantity {
+	q := pv.Spec.Capacity[corev1.ResourceStorage]
+	if pvc == nil {
+		return q
+	}
+	for _, c := range []resource.Quantity{pvc.Spec.Resources.Requests[corev1.ResourceStorage], pvc.Status.Capacity[corev1.ResourceStorage]} {
+		if c.Cmp(q) > 0 {
+			q = c
+		}
+	}
+	return q
+}
+
+// stale says whether the cached pv is behind the API server's: a step
+// that cannot be taken back (the copy's claim deleted or made) is decided
+// on the live one. A cache that lags may not show a switch begun.
+func (r *Reconciler) stale(ctx context.Context, pv *corev1.PersistentVolume) (bool, error) {
+	live := &corev1.PersistentVolume{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pv), live); err != nil {
+		return true, client.IgnoreNotFound(err)
+	}
+	return live.ResourceVersion != pv.ResourceVersion, nil
 }
 
 // SetupWithManager watches podvol's PVs and the nodes they are on.
@@ -236,7 +277,7 @@ func (r *Reconciler) start(ctx context.Context, pv *corev1.PersistentVolume) (re
 // the volume in its class (CSIStorageCapacity) that every pod of the claim
 // can run on, the one with the most room; "" and why if none.
 func (r *Reconciler) pickTarget(ctx context.Context, pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim) (string, string, error) {
-	size := pv.Spec.Capacity[corev1.ResourceStorage]
+	size := sizeOf(pv, pvc)
 	caps := &storagev1.CSIStorageCapacityList{}
 	if err := r.Client.List(ctx, caps); err != nil {
 		return "", "", fmt.Errorf("list CSIStorageCapacities: %w", err)
@@ -342,6 +383,9 @@ func (r *Reconciler) copying(ctx context.Context, pv *corev1.PersistentVolume) (
 	clone := &corev1.PersistentVolumeClaim{}
 	err = r.Client.Get(ctx, types.NamespacedName{Namespace: pvc.Namespace, Name: CloneName(pvc.UID)}, clone)
 	if apierrors.IsNotFound(err) {
+		if stale, err := r.stale(ctx, pv); err != nil || stale {
+			return reconcile.Result{RequeueAfter: time.Second}, err
+		}
 		clone = r.cloneFor(pv, pvc)
 		if err := r.Client.Create(ctx, clone); err != nil && !apierrors.IsAlreadyExists(err) {
 			return reconcile.Result{}, fmt.Errorf("create claim %s/%s to copy volume %s: %w", clone.Namespace, clone.Name, pv.Spec.CSI.VolumeHandle, err)
@@ -355,6 +399,20 @@ func (r *Reconciler) copying(ctx context.Context, pv *corev1.PersistentVolume) (
 		r.Recorder.Eventf(pvc, pv, corev1.EventTypeWarning, "MigrationBlocked", "Migrate",
 			"claim %s/%s is in the way of this claim's migration (it is not podvol-controller's copy of PV %s): delete it, and the migration goes on", clone.Namespace, clone.Name, pv.Name)
 		return reconcile.Result{RequeueAfter: 30 * time.Second}, nil
+	}
+	if clone.DeletionTimestamp != nil {
+		// Going (its user deleted it, or a cancel did): never switched
+		// to; a new one is made once it is gone.
+		return reconcile.Result{RequeueAfter: r.poll()}, nil
+	}
+	if want, has := sizeOf(pv, pvc), clone.Spec.Resources.Requests[corev1.ResourceStorage]; clone.Spec.VolumeName == "" && want.Cmp(has) > 0 {
+		// Expanded during the copy: the volume grows on its node while
+		// staged, and its last data would not fit the copy (OUT_OF_RANGE
+		// on the target, for ever). A pending claim cannot be resized:
+		// the copy is made again at the new size, where it fits.
+		return r.end(ctx, pv, pvc, "MigrationRestarted", fmt.Sprintf(
+			"this claim grew to %s while its volume was being copied to node %s, into a copy of %s: the copy (claim %s) is made again at %s, on a node chosen anew, and its data copied again",
+			want.String(), pv.Annotations[names.MigrationTarget], has.String(), clone.Name, want.String()), time.Second)
 	}
 	if clone.Spec.VolumeName == "" && clone.Annotations[names.SelectedNode] != pv.Annotations[names.MigrationTarget] {
 		// The target's provisioner gave the copy back (no room after
@@ -381,7 +439,7 @@ func (r *Reconciler) copying(ctx context.Context, pv *corev1.PersistentVolume) (
 }
 
 // cloneFor is the claim that copies pv's volume to the target: a clone of
-// pvc of its size, class and mode, placed on the target, owned by pvc (a
+// pvc of its size (sizeOf), class and mode, placed on the target, owned by pvc (a
 // claim deleted takes its copy along).
 func (r *Reconciler) cloneFor(pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
 	class := pv.Spec.StorageClassName
@@ -400,16 +458,27 @@ func (r *Reconciler) cloneFor(pv *corev1.PersistentVolume, pvc *corev1.Persisten
 			AccessModes:      slices.Clone(pvc.Spec.AccessModes),
 			StorageClassName: &class,
 			VolumeMode:       pv.Spec.VolumeMode,
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: pv.Spec.Capacity[corev1.ResourceStorage]}},
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: sizeOf(pv, pvc)}},
 			DataSourceRef:    &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: pvc.Name},
 		},
 	}
 }
 
-// cancel ends a migration before its switch: the copy's claim goes (its
-// volume with it, and the source's snapshots with the sweep), the PV's
-// marks too.
+// cancel ends a migration before its switch, saying why on the claim.
 func (r *Reconciler) cancel(ctx context.Context, pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim, why string) (reconcile.Result, error) {
+	return r.end(ctx, pv, pvc, "MigrationCancelled", fmt.Sprintf("the migration of this claim's volume is cancelled: %s; the volume stays where it is", why), 0)
+}
+
+// end ends a migration before its switch: the copy's claim goes (its
+// volume with it, and the source's snapshots with the sweep), the PV's
+// marks too; an event of reason says so on the claim, and the PV is looked
+// at again after requeue (if not 0). Only if the live PV is the cached one:
+// a cache that lags may not show the switch begun, whose copy would go
+// with its claim.
+func (r *Reconciler) end(ctx context.Context, pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim, reason, msg string, requeue time.Duration) (reconcile.Result, error) {
+	if stale, err := r.stale(ctx, pv); err != nil || stale {
+		return reconcile.Result{RequeueAfter: time.Second}, err
+	}
 	if ref := pv.Spec.ClaimRef; ref != nil {
 		clone := &corev1.PersistentVolumeClaim{}
 		err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: CloneName(ref.UID)}, clone)
@@ -429,10 +498,10 @@ func (r *Reconciler) cancel(ctx context.Context, pv *corev1.PersistentVolume, pv
 		return reconcile.Result{}, err
 	}
 	if pvc != nil {
-		r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, "MigrationCancelled", "Migrate", "the migration of this claim's volume is cancelled: %s; the volume stays where it is", why)
+		r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, reason, "Migrate", "%s", msg)
 	}
-	log.FromContext(ctx).Info("Migration cancelled", "pv", pv.Name, "because", why)
-	return reconcile.Result{}, nil
+	log.FromContext(ctx).Info("Migration ended before its switch", "pv", pv.Name, "reason", reason, "because", msg)
+	return reconcile.Result{RequeueAfter: requeue}, nil
 }
 
 // stashName is the stash of the claim re-made by the migration of pv.
@@ -535,12 +604,16 @@ func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume)
 	stash := &corev1.ConfigMap{}
 	err := r.APIReader.Get(ctx, key, stash)
 	if apierrors.IsNotFound(err) {
-		pvc, err := r.claimOf(ctx, pv)
+		// Live: a claim seen gone ends the switch.
+		pvc := &corev1.PersistentVolumeClaim{}
+		err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, pvc)
+		if apierrors.IsNotFound(err) || (err == nil && (pvc.UID != ref.UID || pvc.Spec.VolumeName != pv.Name)) {
+			// Deleted before it was stashed (by its user, or with its
+			// namespace): there is nothing to make again.
+			return r.abandonSwitch(ctx, pv, newPV, nil, fmt.Sprintf("claim %s/%s was deleted before its switch", ref.Namespace, ref.Name))
+		}
 		if err != nil {
 			return reconcile.Result{}, err
-		}
-		if pvc == nil {
-			return reconcile.Result{}, fmt.Errorf("claim %s/%s of PV %s is gone and nothing was stashed: cannot switch it", ref.Namespace, ref.Name, pv.Name)
 		}
 		b, err := json.Marshal(remade(pvc, newPV.Name))
 		if err != nil {
@@ -590,47 +663,56 @@ func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume)
 		}
 		logger.Info("Pre-bound the migration's new PV to its claim", "newPV", newPV.Name, "claim", next.Namespace+"/"+next.Name)
 	}
+	oldUID := stash.Annotations[names.StashOldUID]
+	made := pv.Annotations[names.MigrationClaimMade]
 	old := &corev1.PersistentVolumeClaim{}
 	err = r.APIReader.Get(ctx, types.NamespacedName{Namespace: next.Namespace, Name: next.Name}, old)
 	switch {
-	case err == nil && string(old.UID) == stash.Annotations[names.StashOldUID]:
+	case err == nil && string(old.UID) == oldUID:
+		if err := r.keepExpansion(ctx, stash, next, old); err != nil {
+			return reconcile.Result{}, err
+		}
+		// pvc-protection holds the claim while a pod on a node uses it.
+		if res, waiting, err := r.inTheWay(ctx, pv, old); waiting || err != nil {
+			return res, err
+		}
 		if old.DeletionTimestamp == nil {
-			if running, err := r.runningPods(ctx, old); err != nil || len(running) > 0 {
-				if err == nil && r.deleteStuck(ctx, running, topology.Node(pv), pv.Annotations[names.MigrationTarget]) {
-					return reconcile.Result{RequeueAfter: time.Second}, nil
-				}
-				if err == nil {
-					r.Recorder.Eventf(old, pv, corev1.EventTypeNormal, "MigrationWaiting", "Migrate", "pod %s on node %s still uses this claim: it is switched to node %s once no pod on a node does", running[0].Name, running[0].Spec.NodeName, pv.Annotations[names.MigrationTarget])
-				}
-				return reconcile.Result{RequeueAfter: r.poll()}, err
-			}
-			// Recorded first: a claim found gone is made again only if
-			// this controller deleted it (not its user, meanwhile).
-			if pv.Annotations[names.MigrationClaimDeleted] != string(old.UID) {
-				patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
-				pv.Annotations[names.MigrationClaimDeleted] = string(old.UID)
-				if err := r.Client.Patch(ctx, pv, patch); err != nil {
-					return reconcile.Result{}, err
-				}
-			}
-			r.Recorder.Eventf(old, pv, corev1.EventTypeNormal, "MigrationSwitch", "Delete", "deleting this claim to make it again bound to its volume's copy on node %s (PV %s)", pv.Annotations[names.MigrationTarget], newPV.Name)
-			if err := r.Client.Delete(ctx, old, client.Preconditions{UID: &old.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return r.deleteOld(ctx, pv, newPV, old)
+		}
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	case apierrors.IsNotFound(err) && pv.Annotations[names.MigrationClaimDeleted] != oldUID:
+		return r.abandonSwitch(ctx, pv, newPV, stash, fmt.Sprintf("claim %s/%s was deleted by its user during its switch", next.Namespace, next.Name))
+	case apierrors.IsNotFound(err) && made != "":
+		return r.abandonSwitch(ctx, pv, newPV, stash, fmt.Sprintf("claim %s/%s, made again bound to the copy, was deleted", next.Namespace, next.Name))
+	case apierrors.IsNotFound(err):
+		if err := r.Client.Create(ctx, next); apierrors.IsNotFound(err) || apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+			return r.abandonSwitch(ctx, pv, newPV, stash, fmt.Sprintf("namespace %s is deleted: claim %s cannot be made again (%v)", next.Namespace, next.Name, err))
+		} else if err != nil && !apierrors.IsAlreadyExists(err) {
+			return reconcile.Result{}, fmt.Errorf("make claim %s/%s again: %w", next.Namespace, next.Name, err)
+		} else if err == nil {
+			if err := r.annotate(ctx, pv, names.MigrationClaimMade, string(next.UID)); err != nil {
 				return reconcile.Result{}, err
 			}
 		}
 		return reconcile.Result{RequeueAfter: time.Second}, nil
-	case apierrors.IsNotFound(err) && pv.Annotations[names.MigrationClaimDeleted] != stash.Annotations[names.StashOldUID]:
-		return r.abandonSwitch(ctx, pv, newPV, stash)
-	case apierrors.IsNotFound(err):
-		if err := r.Client.Create(ctx, next); err != nil && !apierrors.IsAlreadyExists(err) {
-			return reconcile.Result{}, fmt.Errorf("make claim %s/%s again: %w", next.Namespace, next.Name, err)
-		}
-		return reconcile.Result{RequeueAfter: time.Second}, nil
 	case err != nil:
 		return reconcile.Result{}, err
+	case newPV.Spec.ClaimRef.UID != "" && newPV.Spec.ClaimRef.UID != old.UID:
+		// The copy was bound to the claim made again, which is gone: this
+		// one (its owner's, or its user's) is not this switch's.
+		return r.abandonSwitch(ctx, pv, newPV, stash, fmt.Sprintf("claim %s/%s, made again bound to the copy, was deleted (another claim %s has its name)", next.Namespace, next.Name, old.UID))
 	}
 	// The claim is made again (by this controller or its owner): done once
 	// it is bound to the copy.
+	if made != string(old.UID) {
+		if err := r.annotate(ctx, pv, names.MigrationClaimMade, string(old.UID)); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	if old.DeletionTimestamp != nil {
+		// Deleted by its user: the switch ends once it is gone.
+		return reconcile.Result{RequeueAfter: r.poll()}, nil
+	}
 	if old.Spec.VolumeName != newPV.Name || old.Status.Phase != corev1.ClaimBound {
 		if old.Spec.VolumeName != "" && old.Spec.VolumeName != newPV.Name {
 			return reconcile.Result{}, fmt.Errorf("claim %s/%s, made again, is bound to PV %s, not the migration's %s: left to an admin", old.Namespace, old.Name, old.Spec.VolumeName, newPV.Name)
@@ -640,11 +722,10 @@ func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume)
 	if err := r.restoreReclaim(ctx, newPV); err != nil {
 		return reconcile.Result{}, err
 	}
-	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	pv.Annotations[names.MigrationPhase] = names.MigrationSwitched
-	if err := r.Client.Patch(ctx, pv, patch); err != nil {
+	if err := r.annotate(ctx, pv, names.MigrationPhase, names.MigrationSwitched); err != nil {
 		return reconcile.Result{}, err
 	}
+	// If this fails, cleanUp deletes it.
 	if err := r.Client.Delete(ctx, stash, client.Preconditions{UID: &stash.UID}); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
@@ -654,24 +735,126 @@ func (r *Reconciler) switching(ctx context.Context, pv *corev1.PersistentVolume)
 	return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 }
 
-// deleteStuck deletes the pods that are on the moving volume's node and
-// have not started (the plugin there refuses to stage a moving volume: a
-// pod that tolerates the cordon, or came after an uncordon, waits for
-// ever), so that their owners make them again, for the new node; true if
-// it deleted any.
-func (r *Reconciler) deleteStuck(ctx context.Context, pods []corev1.Pod, node, target string) bool {
-	deleted := false
-	for i := range pods {
-		p := &pods[i]
-		if p.Spec.NodeName != node || p.Status.Phase != corev1.PodPending {
-			continue
-		}
-		r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, "MigrationSwitch", "Delete", "this pod cannot start on node %s: its volume's data has moved to node %s; deleted so that its owner makes it again for the new node", node, target)
-		if err := r.Client.Delete(ctx, p, client.Preconditions{UID: &p.UID}); err == nil || apierrors.IsNotFound(err) {
-			deleted = true
+// annotate sets one annotation of pv.
+func (r *Reconciler) annotate(ctx context.Context, pv *corev1.PersistentVolume, key, value string) error {
+	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if pv.Annotations == nil {
+		pv.Annotations = map[string]string{}
+	}
+	pv.Annotations[key] = value
+	return r.Client.Patch(ctx, pv, patch)
+}
+
+// deleteOld deletes the claim being switched, recording first that this
+// controller did (a claim found gone is made again only then), and only
+// as it was read: a claim its user deleted in between is not taken for
+// one this controller deleted.
+func (r *Reconciler) deleteOld(ctx context.Context, pv, newPV *corev1.PersistentVolume, old *corev1.PersistentVolumeClaim) (reconcile.Result, error) {
+	if pv.Annotations[names.MigrationClaimDeleted] != string(old.UID) {
+		if err := r.annotate(ctx, pv, names.MigrationClaimDeleted, string(old.UID)); err != nil {
+			return reconcile.Result{}, err
 		}
 	}
-	return deleted
+	r.Recorder.Eventf(old, pv, corev1.EventTypeNormal, "MigrationSwitch", "Delete", "deleting this claim to make it again bound to its volume's copy on node %s (PV %s)", pv.Annotations[names.MigrationTarget], newPV.Name)
+	err := r.Client.Delete(ctx, old, client.Preconditions{UID: &old.UID, ResourceVersion: &old.ResourceVersion})
+	if apierrors.IsConflict(err) {
+		// Changed since it was read. Deleted by its user meanwhile: not
+		// this controller's deletion, not made again.
+		live := &corev1.PersistentVolumeClaim{}
+		err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(old), live)
+		if apierrors.IsNotFound(err) || (err == nil && (live.UID != old.UID || live.DeletionTimestamp != nil)) {
+			patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
+			delete(pv.Annotations, names.MigrationClaimDeleted)
+			if err := r.Client.Patch(ctx, pv, patch); err != nil {
+				return reconcile.Result{}, err
+			}
+		} else if err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: time.Second}, nil
+}
+
+// keepExpansion carries into the stash an expansion of the claim made
+// after it was stashed: the claim made again asks for it, and
+// external-resizer grows the copy on its node.
+func (r *Reconciler) keepExpansion(ctx context.Context, stash *corev1.ConfigMap, next, old *corev1.PersistentVolumeClaim) error {
+	want, has := old.Spec.Resources.Requests[corev1.ResourceStorage], next.Spec.Resources.Requests[corev1.ResourceStorage]
+	if want.Cmp(has) <= 0 {
+		return nil
+	}
+	if next.Spec.Resources.Requests == nil {
+		next.Spec.Resources.Requests = corev1.ResourceList{}
+	}
+	next.Spec.Resources.Requests[corev1.ResourceStorage] = want
+	b, err := json.Marshal(next)
+	if err != nil {
+		return err
+	}
+	stash.Data[stashKey] = string(b)
+	if err := r.Client.Update(ctx, stash); err != nil {
+		return fmt.Errorf("keep claim %s/%s's expansion to %s in its stash: %w", old.Namespace, old.Name, want.String(), err)
+	}
+	return nil
+}
+
+// inTheWay deals with the pods that keep the claim from being switched
+// (pvc-protection holds a claim while a pod on a node uses it) and says
+// whether any is (then res is when to look again). The volume is marked
+// moving on its old node: no pod there has it mounted, or ever will (it was
+// marked only once unstaged, which the kubelet does once the pods that used
+// it have stopped). So a pod there that has not started is deleted, for
+// its owner to make again for the new node; one being deleted that is
+// still there StuckGrace past its deadline (its node's kubelet does not
+// finish it: the node down, the kubelet stuck) is deleted at once, grace
+// period 0, as `kubectl delete --force` does; finalizers that still hold
+// it are left to an admin, a Warning says which.
+func (r *Reconciler) inTheWay(ctx context.Context, pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim) (reconcile.Result, bool, error) {
+	pods, err := r.runningPods(ctx, pvc)
+	if err != nil || len(pods) == 0 {
+		return reconcile.Result{}, false, err
+	}
+	node, target := topology.Node(pv), pv.Annotations[names.MigrationTarget]
+	res := reconcile.Result{RequeueAfter: r.poll()}
+	for i := range pods {
+		p := &pods[i]
+		switch {
+		case p.Spec.NodeName != node:
+			r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, "MigrationWaiting", "Migrate", "pod %s on node %s still uses this claim: it is switched to node %s once no pod on a node does", p.Name, p.Spec.NodeName, target)
+		case p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodPending:
+			r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, "MigrationSwitch", "Delete", "this pod cannot start on node %s: its volume's data has moved to node %s; deleted so that its owner makes it again for the new node", node, target)
+			if err := r.Client.Delete(ctx, p, client.Preconditions{UID: &p.UID}); err != nil && !apierrors.IsNotFound(err) {
+				return reconcile.Result{}, true, err
+			}
+			res.RequeueAfter = time.Second
+		case p.DeletionTimestamp == nil:
+			r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, "MigrationWaiting", "Migrate", "pod %s on node %s still uses this claim (%s): it is switched to node %s once the pod is deleted", p.Name, node, p.Status.Phase, target)
+		case time.Now().Before(p.DeletionTimestamp.Add(r.stuckGrace())):
+			r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, "MigrationWaiting", "Migrate", "pod %s on node %s is being deleted: this claim is switched to node %s once it is gone; if it is still there at %s, it is deleted at once",
+				p.Name, node, target, p.DeletionTimestamp.Add(r.stuckGrace()).UTC().Format(time.RFC3339))
+		default:
+			if p.DeletionGracePeriodSeconds == nil || *p.DeletionGracePeriodSeconds != 0 {
+				r.Recorder.Eventf(p, pv, corev1.EventTypeWarning, "MigrationForceDelete", "Delete",
+					"this pod was to be gone by %s and is still on node %s, whose kubelet does not finish it: deleted at once (grace period 0). It cannot use its claim's volume there (its data has moved to node %s), and its claim is switched only once it is gone",
+					p.DeletionTimestamp.UTC().Format(time.RFC3339), node, target)
+				if err := r.Client.Delete(ctx, p, client.GracePeriodSeconds(0), client.Preconditions{UID: &p.UID}); err != nil && !apierrors.IsNotFound(err) {
+					return reconcile.Result{}, true, err
+				}
+				res.RequeueAfter = time.Second
+			} else if others := slices.DeleteFunc(slices.Clone(p.Finalizers), func(f string) bool { return strings.HasPrefix(f, "podvol.io/") }); len(others) > 0 {
+				// podvol's own finalizers go without an admin.
+				r.Recorder.Eventf(pvc, pv, corev1.EventTypeWarning, "MigrationBlocked", "Migrate",
+					"pod %s on node %s is deleted but finalizers %v hold it: this claim is switched to node %s only once it is gone. Find what they wait for, or remove them: kubectl -n %s patch pod %s --type=json -p '[{\"op\":\"remove\",\"path\":\"/metadata/finalizers\"}]'",
+					p.Name, node, others, target, p.Namespace, p.Name)
+				res.RequeueAfter = 30 * time.Second
+			}
+		}
+	}
+	return res, true, nil
 }
 
 // runningPods are the pods on a node that use the claim and have not
@@ -685,74 +868,96 @@ func (r *Reconciler) runningPods(ctx context.Context, pvc *corev1.PersistentVolu
 }
 
 // cleanUp gives the old PV its reclaim policy back (its volume is then
-// deleted, if that is the policy) once a pod runs with the copy.
+// deleted, if that is the policy) once a pod runs with the copy, or the
+// claim has moved on (deleted, made again, moved again by another drain):
+// nothing waits for the old volume then.
 func (r *Reconciler) cleanUp(ctx context.Context, pv *corev1.PersistentVolume) (reconcile.Result, error) {
 	if _, kept := pv.Annotations[names.MigrationReclaim]; !kept {
 		return reconcile.Result{}, nil
 	}
+	// The stash, if the switch's last step could not delete it.
+	stash := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.stashNamespace(), Name: stashName(pv.Name)}}
+	if err := r.Client.Delete(ctx, stash); err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, fmt.Errorf("delete the stash %s/%s of a switched claim: %w", stash.Namespace, stash.Name, err)
+	}
 	ref := pv.Spec.ClaimRef
 	if ref == nil {
-		return r.restoreReclaimResult(ctx, pv)
+		return r.restoreReclaimResult(ctx, pv, "it names no claim")
 	}
-	// Live, not from the cache: right after the switch the cache may still
-	// show the old claim, or not yet the new one, and the old volume is
-	// the fallback until a pod runs with the copy.
+	// Live, not from the cache: the old volume is the fallback until a
+	// pod runs with the copy.
 	pvc := &corev1.PersistentVolumeClaim{}
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, pvc)
-	if err != nil && !apierrors.IsNotFound(err) {
+	switch {
+	case apierrors.IsNotFound(err):
+		return r.restoreReclaimResult(ctx, pv, "the claim is deleted")
+	case err != nil:
+		return reconcile.Result{}, err
+	case pvc.Spec.VolumeName != pv.Annotations[names.MigrationVolume]:
+		// Switched means the claim made again was bound to the copy,
+		// and a bound claim's volume never changes: this is another.
+		return r.restoreReclaimResult(ctx, pv, fmt.Sprintf("claim %s/%s is another now (bound to %q, not the copy %s)", pvc.Namespace, pvc.Name, pvc.Spec.VolumeName, pv.Annotations[names.MigrationVolume]))
+	}
+	pods, err := r.runningPods(ctx, pvc)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if err == nil && pvc.Spec.VolumeName != pv.Annotations[names.MigrationVolume] {
-		// Not (yet) the claim made again: wait.
+	if !slices.ContainsFunc(pods, func(p corev1.Pod) bool {
+		return p.Spec.NodeName == pv.Annotations[names.MigrationTarget] && p.Status.Phase == corev1.PodRunning
+	}) {
 		return reconcile.Result{RequeueAfter: r.poll()}, nil
 	}
-	if err == nil {
-		pods, err := r.runningPods(ctx, pvc)
-		if err != nil {
-			return reconcile.Result{}, err
-		}
-		if !slices.ContainsFunc(pods, func(p corev1.Pod) bool {
-			return p.Spec.NodeName == pv.Annotations[names.MigrationTarget] && p.Status.Phase == corev1.PodRunning
-		}) {
-			return reconcile.Result{RequeueAfter: r.poll()}, nil
-		}
-	}
-	// A pod runs with the copy (or the claim is gone: nothing waits for
-	// the old volume).
-	return r.restoreReclaimResult(ctx, pv)
+	return r.restoreReclaimResult(ctx, pv, "a pod runs with the copy")
 }
 
-func (r *Reconciler) restoreReclaimResult(ctx context.Context, pv *corev1.PersistentVolume) (reconcile.Result, error) {
+func (r *Reconciler) restoreReclaimResult(ctx context.Context, pv *corev1.PersistentVolume, why string) (reconcile.Result, error) {
 	if err := r.restoreReclaim(ctx, pv); err != nil {
 		return reconcile.Result{}, err
 	}
-	log.FromContext(ctx).Info("Migration done: the old volume goes by its reclaim policy", "pv", pv.Name, "policy", pv.Spec.PersistentVolumeReclaimPolicy)
+	log.FromContext(ctx).Info("Migration done: the old volume goes by its reclaim policy", "pv", pv.Name, "policy", pv.Spec.PersistentVolumeReclaimPolicy, "because", why)
 	return reconcile.Result{}, nil
 }
 
-// abandonSwitch ends a switch whose claim its user deleted meanwhile:
-// nothing is made again; the copy's PV is pointed at the deleted claim
-// (so the PV controller releases it and, by its policy, deletes it), both
-// PVs get their policies back, and the stash goes.
-func (r *Reconciler) abandonSwitch(ctx context.Context, pv, newPV *corev1.PersistentVolume, stash *corev1.ConfigMap) (reconcile.Result, error) {
+// abandonSwitch ends a switch whose claim is gone (its user deleted it, or
+// the claim made again, or its namespace): nothing is made again; the
+// copy's PV is pointed at the deleted claim (so the PV controller releases
+// it and, by its policy, deletes it), the copy's claim goes if it is still
+// there, both PVs get their policies back, and the stash (if any) goes.
+func (r *Reconciler) abandonSwitch(ctx context.Context, pv, newPV *corev1.PersistentVolume, stash *corev1.ConfigMap, why string) (reconcile.Result, error) {
+	ref := pv.Spec.ClaimRef
+	oldUID := ref.UID
+	if stash != nil {
+		oldUID = types.UID(stash.Annotations[names.StashOldUID])
+	}
 	if cr := newPV.Spec.ClaimRef; cr != nil && cr.UID == "" {
 		patch := client.MergeFromWithOptions(newPV.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		newPV.Spec.ClaimRef.UID = types.UID(stash.Annotations[names.StashOldUID])
+		newPV.Spec.ClaimRef.UID = oldUID
 		if err := r.Client.Patch(ctx, newPV, patch); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
+	clone := &corev1.PersistentVolumeClaim{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: CloneName(ref.UID)}, clone)
+	if err == nil && clone.Annotations[names.MigrationOf] == pv.Name && clone.DeletionTimestamp == nil {
+		if err := r.Client.Delete(ctx, clone, client.Preconditions{UID: &clone.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
 	if err := r.restoreReclaim(ctx, newPV); err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := r.Client.Delete(ctx, stash, client.Preconditions{UID: &stash.UID}); err != nil && !apierrors.IsNotFound(err) {
+	if stash != nil {
+		if err := r.Client.Delete(ctx, stash, client.Preconditions{UID: &stash.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+	}
+	if err := r.annotate(ctx, pv, names.MigrationPhase, names.MigrationSwitched); err != nil {
 		return reconcile.Result{}, err
 	}
-	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	pv.Annotations[names.MigrationPhase] = names.MigrationSwitched
-	if err := r.Client.Patch(ctx, pv, patch); err != nil {
-		return reconcile.Result{}, err
-	}
-	log.FromContext(ctx).Info("Migration abandoned: its claim was deleted during the switch", "pv", pv.Name, "newPV", newPV.Name)
-	return r.restoreReclaimResult(ctx, pv)
+	r.Recorder.Eventf(pv, newPV, corev1.EventTypeNormal, "MigrationAbandoned", "Migrate",
+		"%s: nothing is made again; both volumes (PVs %s and %s) go by their reclaim policies", why, pv.Name, newPV.Name)
+	log.FromContext(ctx).Info("Migration abandoned: its claim is gone", "pv", pv.Name, "newPV", newPV.Name, "because", why)
+	return r.restoreReclaimResult(ctx, pv, why)
 }
