@@ -19,7 +19,7 @@
 // name, the claim deleted and created again from the stash bound to that
 // PV (a StatefulSet that re-creates the claim first gets the same PV: it
 // is pre-bound by name). The old volume is deleted only once a pod of the
-// claim runs on the new node.
+// claim runs on the new node, or the claim has moved on.
 package migration
 
 import (
