@@ -131,6 +131,8 @@ type nodes struct {
 	oldTarget atomic.Bool
 	// warnings: node-a's (Server.Mismatch).
 	warnings atomic.Pointer[Warnings]
+	// freezes counts the source's volume quiesced for a cut.
+	freezes atomic.Int64
 }
 
 // asNodeA is node-a's server: its Mismatch posts with n.warnings, and
@@ -179,9 +181,11 @@ func setup(t *testing.T) *nodes {
 	go func() {
 		served <- transfer.Serve(ctx, lis, c["node-a"], n.asNodeA(&transfer.Server{
 			Images: Images{Pool: func(name string) (*pool.Pool, bool) { return n.src, name == n.src.Name() },
-				// The driver's CutForTransfer, less its locks and freeze.
+				// The driver's CutForTransfer, less its locks, its freeze
+				// counted.
 				Cut: func(id string, c store.Claim) (*pool.Pool, *store.Snapshot, error) {
-					s, err := n.src.CreateSnapshot(pool.SnapshotRequest{Name: pool.TransferSnapshotName(c.UID), SourceID: id, For: &c})
+					s, err := n.src.CreateSnapshot(pool.SnapshotRequest{Name: pool.TransferSnapshotName(c.UID), SourceID: id, For: &c,
+						Quiesce: func(string) (func(), error) { n.freezes.Add(1); return func() {}, nil }})
 					return n.src, s, err
 				},
 				// The driver's CutForMove, with "staged" a flag.
@@ -450,8 +454,7 @@ func TestEnsureAfterTheCopyIsQuiet(t *testing.T) {
 }
 
 // A clone on node-b of node-a's volume pulls a snapshot node-a cuts for
-// the claim: the image is the volume's, and the snapshot goes once it has
-// been sent whole.
+// the claim: the image is the volume's.
 func TestImportPullsAVolume(t *testing.T) {
 	n := setup(t)
 	v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: "clone", SizeBytes: 64 << 20, FsType: "ext4",
@@ -478,21 +481,55 @@ func TestImportPullsAVolume(t *testing.T) {
 	if !bytes.Equal(img, src) {
 		t.Fatalf("the clone's image (%d bytes) is not the volume's (%d bytes)", len(img), len(src))
 	}
-	// Sent whole: the snapshot cut for it goes (the server deletes it
-	// after the last frame, maybe after the pull has read it).
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		left, err := n.src.TransferSnapshots()
+}
+
+// A clone's source is cut (frozen, copied) once per claim: a pull for the
+// claim after one was sent whole (a target that lost its copy, or a node
+// that asks again) reads the same snapshot, which stays until the sweep
+// finds the claim bound.
+func TestCloneIsCutOncePerClaim(t *testing.T) {
+	n := setup(t)
+	var images [][]byte
+	for _, name := range []string{"clone", "clone-again"} {
+		v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: name, SizeBytes: 64 << 20, FsType: "ext4",
+			Source: &store.Source{Kind: store.FromVolume, ID: n.vol.ID, Node: "node-a"},
+			Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "clone", ClaimUID: "uid-clone"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(left) == 0 {
-			break
+		if got, said := n.wait(t, v); got == nil {
+			t.Fatalf("pull %s was given up: %v (%v)", name, n.im.Failed(name), said)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("snapshots cut for transfers left on the source: %+v", left[0])
+		img, err := os.ReadFile(n.dst.ImagePath(v.ID))
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		images = append(images, img)
+		// The source's volume changes between the pulls: a second cut
+		// would hold it.
+		f, err := os.OpenFile(n.src.ImagePath(n.vol.ID), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte("written after the first pull"), 16<<20); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	if got := n.freezes.Load(); got != 1 {
+		t.Fatalf("the source's volume was cut (frozen and copied) %d times for one claim, want once", got)
+	}
+	if !bytes.Equal(images[0], images[1]) {
+		t.Fatal("the second pull for the claim read another image than the first")
+	}
+	left, err := n.src.TransferSnapshots()
+	if err != nil || len(left) != 1 {
+		t.Fatalf("snapshots cut for the claim: %d (%v), want the one, kept for the claim until it is bound", len(left), err)
+	}
+	bound := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "clone", UID: "uid-clone"},
+		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pv-clone"}}
+	if swept := (&Sweeper{Client: fake.NewClientset(bound), Pools: []*pool.Pool{n.src}}).Sweep(context.Background()); swept != 1 {
+		t.Fatalf("the sweep deleted %d snapshots once the claim was bound, want its one", swept)
 	}
 }
 

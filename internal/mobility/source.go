@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/klog/v2"
 
 	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/names"
@@ -55,7 +54,7 @@ func (im Images) Open(_ context.Context, r transfer.Request) (transfer.Image, er
 		if err != nil {
 			return transfer.Image{}, err
 		}
-		return open(p, s, nil)
+		return open(p, s)
 	case pool.ValidID(r.Source) && r.Move && im.Move != nil:
 		return im.move(r)
 	case pool.ValidID(r.Source) && im.Cut != nil:
@@ -63,14 +62,11 @@ func (im Images) Open(_ context.Context, r transfer.Request) (transfer.Image, er
 		if err != nil {
 			return transfer.Image{}, fmt.Errorf("snapshot volume %s for claim %s: %w", r.Source, r.Claim, err)
 		}
-		// Sent whole, it has done its work; a pull that stops before
-		// the end resumes from it, and Sweeper deletes one left behind.
-		served := func() {
-			if err := p.DeleteSnapshot(s.ID); err != nil {
-				klog.ErrorS(err, "Cannot delete a snapshot cut for a clone on another node; it is deleted once its claim is bound", "snapshot", s.ID, "claim", r.Claim.String())
-			}
-		}
-		return open(p, s, served)
+		// Kept, even sent whole, until Sweeper finds the claim bound or
+		// gone: any later pull for the claim (one that stopped, a target
+		// that lost its copy, a node that asks again) reads this cut
+		// rather than freezing and copying the volume again.
+		return open(p, s)
 	}
 	return transfer.Image{}, fmt.Errorf("%q is not a snapshot or volume id this node serves: %w", r.Source, errkind.ErrNotFound)
 }
@@ -92,7 +88,7 @@ func (im Images) move(r transfer.Request) (transfer.Image, error) {
 		if r.Since != "" {
 			return transfer.Image{}, fmt.Errorf("volume %s is in use on this node: the rest of its data is sent once no pod uses it: %w", r.Source, errkind.ErrInUse)
 		}
-		img, err := open(p, first, nil)
+		img, err := open(p, first)
 		img.More = true
 		return img, err
 	}
@@ -109,7 +105,7 @@ func (im Images) move(r transfer.Request) (transfer.Image, error) {
 	if r.Since == "" || first == nil {
 		return img, nil
 	}
-	if base, err := open(p, first, nil); err == nil {
+	if base, err := open(p, first); err == nil {
 		if base.Identity == r.Since {
 			img.Base = base.File
 		} else {
@@ -120,7 +116,7 @@ func (im Images) move(r transfer.Request) (transfer.Image, error) {
 }
 
 // open opens snapshot s of p for serving.
-func open(p *pool.Pool, s *store.Snapshot, served func()) (transfer.Image, error) {
+func open(p *pool.Pool, s *store.Snapshot) (transfer.Image, error) {
 	f, err := os.Open(p.SnapshotPath(s.ID))
 	if errors.Is(err, os.ErrNotExist) {
 		return transfer.Image{}, fmt.Errorf("snapshot %s's image: %w", s.ID, errkind.ErrNotFound)
@@ -136,7 +132,7 @@ func open(p *pool.Pool, s *store.Snapshot, served func()) (transfer.Image, error
 	// The id is never reused, and the image never changes: its creation
 	// time tells a snapshot from any other of the same id (a restored
 	// store, a recreated pool).
-	return transfer.Image{File: f, Size: fi.Size(), Identity: fmt.Sprintf("%s@%d", s.ID, s.Created.UnixNano()), Served: served}, nil
+	return transfer.Image{File: f, Size: fi.Size(), Identity: fmt.Sprintf("%s@%d", s.ID, s.Created.UnixNano())}, nil
 }
 
 // Kinds the authorizer reads.

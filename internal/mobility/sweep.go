@@ -18,9 +18,9 @@ import (
 
 // Sweeper deletes the snapshots this node cut for clones on other nodes
 // (Images.Cut) once their claims no longer need them: bound (the copy is
-// in use), deleted, or replaced by another of the same name. A pull sent to
-// its end deletes its snapshot at once; the sweep is for the rest (a pull
-// given up, a claim deleted mid-copy, a plugin stopped between).
+// in use), deleted, or replaced by another of the same name. Until then
+// every pull for the claim reads the one snapshot, sent whole or not: the
+// volume is cut once per claim.
 //
 // It also deletes the volumes pulled here for claims deleted before any PV
 // named them (the claim went after the copy was checked and before

@@ -139,10 +139,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := fw.end(); err != nil {
 		log.Info("A pull ended early", "err", err)
-		return
-	}
-	if img.Served != nil {
-		img.Served()
 	}
 }
 

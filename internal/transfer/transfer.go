@@ -102,9 +102,6 @@ type Image struct {
 	// source id: a resumed pull whose checkpoint names another identity
 	// starts again.
 	Identity string
-	// Served, if not nil, is called once the image was sent to its end
-	// (an image cut for one pull may go then).
-	Served func()
 	// Base, if not nil, is the image the request's Since names, still
 	// held by the source: only the extents of File that are not Base's
 	// are sent (changedSpans). The server closes it.
