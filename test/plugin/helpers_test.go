@@ -53,8 +53,13 @@ func newEnv(t *testing.T, o plugintest.Options) *env {
 	plugintest.RequireRoot(t)
 	o.Dir = plugintest.TempDir(t)
 	o.NodeID = node
-	if o.PoolDir == "xfs" {
+	switch o.PoolDir {
+	case "xfs":
 		o.PoolDir = plugintest.XFSPool(t, o.Dir, 8<<30)
+	case "ext4":
+		// A pool without reflink, whatever the test directory's
+		// filesystem is.
+		o.PoolDir = plugintest.FilesystemPool(t, o.Dir, "ext4", 1<<30)
 	}
 	return start(t, o)
 }
@@ -163,12 +168,14 @@ func (e *env) images() []string {
 }
 
 // assertClean fails unless no loop device or mount of the test remains
-// (besides an XFS pool's own, and a ramfs pool's mount).
+// (besides an XFS or ext4 pool's own, and a ramfs pool's mount).
 func (e *env) assertClean() {
 	e.t.Helper()
 	loops, mounts := plugintest.Leftovers(e.dir)
-	pools := []string{filepath.Join(e.dir, "xfs-pool"), filepath.Join(e.dir, "ramfs-pool")}
-	loops = slices.DeleteFunc(loops, func(l string) bool { return strings.HasSuffix(l, "/xfs-pool.img)") })
+	pools := []string{filepath.Join(e.dir, "xfs-pool"), filepath.Join(e.dir, "ext4-pool"), filepath.Join(e.dir, "ramfs-pool")}
+	loops = slices.DeleteFunc(loops, func(l string) bool {
+		return strings.HasSuffix(l, "/xfs-pool.img)") || strings.HasSuffix(l, "/ext4-pool.img)")
+	})
 	mounts = slices.DeleteFunc(mounts, func(m string) bool { return slices.Contains(pools, m) })
 	if len(loops)+len(mounts) > 0 {
 		e.t.Fatalf("leftovers: loop devices %v, mounts %v", loops, mounts)
