@@ -194,8 +194,9 @@ func TestGroupSnapshotRequests(t *testing.T) {
 }
 
 // One deadline for the whole group's freeze: a member whose freeze hangs
-// fails the call when it passes, and every member frozen, before or after
-// (the hung freeze finishing late), is thawed; nothing is left behind.
+// fails the call when it passes, the members frozen before it are thawed
+// then (not when the hung freeze returns: it may never), and the hung one
+// as soon as its freeze returns; nothing is left behind.
 func TestGroupFreezeTimeout(t *testing.T) {
 	ctx := context.Background()
 	f := newFakeNodeReflink(t, true)
@@ -203,7 +204,7 @@ func TestGroupFreezeTimeout(t *testing.T) {
 	a, devA := f.stagedVolume("pvc-a")
 	b, devB := f.stagedVolume("pvc-b")
 	ordered := slices.Sorted(slices.Values([]string{a, b}))
-	second := map[string]string{a: devA, b: devB}[ordered[1]]
+	first, second := map[string]string{a: devA, b: devB}[ordered[0]], map[string]string{a: devA, b: devB}[ordered[1]]
 	release := make(chan struct{})
 	f.dev.Inject(devicetest.Freeze, func(dev string) error {
 		if dev == second {
@@ -216,6 +217,10 @@ func TestGroupFreezeTimeout(t *testing.T) {
 	wantCode(t, err, codes.DeadlineExceeded, "create while a member's freeze hangs")
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("the call took %s, with a deadline of 200ms", took)
+	}
+	if f.dev.Frozen(first) {
+		close(release)
+		t.Fatalf("the deadline passed, and the member frozen before the hung one (%s) is still frozen: its pod's writers wait as long as the hung freeze", first)
 	}
 	close(release) // the hung freeze takes effect now, late
 	deadline := time.Now().Add(5 * time.Second)

@@ -159,8 +159,14 @@ func (j *job) status() string {
 		msg += ": starting"
 	}
 	msg += fmt.Sprintf(" (for %s)", time.Since(j.started).Round(time.Second))
-	if j.waiting != nil {
+	switch {
+	case j.waiting != nil && j.copied > 0:
 		msg += fmt.Sprintf("; a first copy (%s) is done, the rest follows once no pod uses the source volume on node %s", humanBytes(j.copied), j.node)
+	case j.waiting != nil:
+		// Nothing could be copied while a pod uses the source (a raw
+		// block volume on a pool without reflink, or no room there for
+		// a snapshot): its node says why.
+		msg += fmt.Sprintf("; nothing is copied while a pod uses the source volume on node %s: %v", j.node, j.waiting)
 	}
 	if j.last != nil {
 		msg += fmt.Sprintf("; attempt %d failed, retrying: %v", j.attempts, j.last)

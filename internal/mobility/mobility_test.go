@@ -126,6 +126,9 @@ type nodes struct {
 	im       *Importer
 	// inUse: the source volume is staged (for Move).
 	inUse atomic.Bool
+	// cutRefused: the source volume cannot be cut while in use (for
+	// Cut: a raw block volume on a pool without reflink, node.Quiesce).
+	cutRefused atomic.Bool
 	// oldTarget: node-b's requests reach node-a without their version,
 	// as a plugin older than versions sends them.
 	oldTarget atomic.Bool
@@ -185,7 +188,13 @@ func setup(t *testing.T) *nodes {
 				// counted.
 				Cut: func(id string, c store.Claim) (*pool.Pool, *store.Snapshot, error) {
 					s, err := n.src.CreateSnapshot(pool.SnapshotRequest{Name: pool.TransferSnapshotName(c.UID), SourceID: id, For: &c,
-						Quiesce: func(string) (func(), error) { n.freezes.Add(1); return func() {}, nil }})
+						Quiesce: func(id string) (func(), error) {
+							if n.cutRefused.Load() {
+								return nil, fmt.Errorf("volume %s is a raw block volume in use and this pool's filesystem has no reflink: %w", id, errkind.ErrInUse)
+							}
+							n.freezes.Add(1)
+							return func() {}, nil
+						}})
 					return n.src, s, err
 				},
 				// The driver's CutForMove, with "staged" a flag.
@@ -530,6 +539,51 @@ func TestCloneIsCutOncePerClaim(t *testing.T) {
 		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pv-clone"}}
 	if swept := (&Sweeper{Client: fake.NewClientset(bound), Pools: []*pool.Pool{n.src}}).Sweep(context.Background()); swept != 1 {
 		t.Fatalf("the sweep deleted %d snapshots once the claim was bound, want its one", swept)
+	}
+}
+
+// A clone of a volume that its node cannot cut while a pod uses it (a raw
+// block volume on a pool without reflink: the copy would be torn) waits,
+// not given up, its progress saying why; once no pod uses the volume, it
+// is pulled whole.
+func TestImportWaitsForASourceThatCannotBeCut(t *testing.T) {
+	n := setup(t)
+	n.cutRefused.Store(true)
+	v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: "clone", SizeBytes: 64 << 20, FsType: "ext4",
+		Source: &store.Source{Kind: store.FromVolume, ID: n.vol.ID, Node: "node-a"},
+		Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "clone", ClaimUID: "uid-clone"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	said := ""
+	for ; !strings.Contains(said, "nothing is copied while a pod uses the source volume on node node-a"); said = n.im.Ensure(n.dst, v) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pull never said it waits: %q", said)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(said, "raw block volume in use") || strings.Contains(said, "first copy") {
+		t.Errorf("the progress %q does not say why nothing is copied, or claims a first copy", said)
+	}
+	if left, err := n.src.TransferSnapshots(); err != nil || len(left) != 0 {
+		t.Fatalf("the refused cut left snapshots %+v (%v)", left, err)
+	}
+	n.cutRefused.Store(false)
+	got, all := n.wait(t, v)
+	if got == nil {
+		t.Fatalf("the pull was given up: %v (%v)", n.im.Failed("clone"), all)
+	}
+	img, err := os.ReadFile(n.dst.ImagePath(v.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(n.src.ImagePath(n.vol.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(img, src) {
+		t.Fatal("the clone's image is not the volume's")
 	}
 }
 

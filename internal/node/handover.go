@@ -45,6 +45,10 @@ type handover interface {
 	// quiesce makes the image consistent for a copy; the returned function
 	// ends that.
 	quiesce(v *store.Volume) (func(), error)
+	// unheld says what the staged volume is when quiesce cannot hold its
+	// consumer's writes ("a raw block volume in use"), so that only an
+	// atomic copy of it is one instant; "" when quiesce holds them.
+	unheld(v *store.Volume) string
 	// health adds the conditions of the staged volume's consumer side.
 	health(ctx context.Context, v *store.Volume, viaRuntime bool, add addCondition) error
 }

@@ -2,13 +2,14 @@ package node_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/podvol/podvol/internal/device/devicetest"
 	"github.com/podvol/podvol/internal/errkind"
-	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
 )
 
@@ -116,24 +117,86 @@ func TestQuiesceOfAnAssignedVolumeFreezesNothing(t *testing.T) {
 	}
 }
 
+// A raw block volume in use is only flushed (nothing holds its writes):
+// on a reflink pool its atomic copy is one instant; without reflink it is
+// refused, saying why and what to do. Unstaged or detached, nothing writes
+// it: no flush, no refusal.
 func TestQuiesceOfBlockAndUnstagedVolumes(t *testing.T) {
+	for _, reflink := range []bool{true, false} {
+		t.Run(map[bool]string{true: "reflink", false: "no-reflink"}[reflink], func(t *testing.T) {
+			e := newEnv(t)
+			e.dev.SetReflink(reflink)
+			e.restart()
+			block, unstaged, detached := e.volume("ext4"), e.volume("ext4"), e.volume("ext4")
+			must(t, e.node.Stage(ctx, stageBlock(block)))
+			e.stage(detached)
+			must(t, e.dev.Unmount(detached.staging))
+			must(t, e.dev.DetachLoop(e.device(detached), e.pool.ImagePath(detached.ID)))
+			for _, v := range []*volume{unstaged, detached} {
+				undo, err := e.node.Quiesce(v.ID)
+				must(t, err)
+				undo()
+			}
+			undo, err := e.node.Quiesce(block.ID)
+			if !reflink {
+				wantErr(t, err, errkind.ErrInUse, "quiesce of a raw block volume in use on a pool without reflink")
+				for _, says := range []string{block.ID, "raw block volume in use", "no reflink", "stop the pod", "XFS or btrfs"} {
+					if !strings.Contains(err.Error(), says) {
+						t.Errorf("the refusal %q does not say %q", err, says)
+					}
+				}
+			} else {
+				must(t, err)
+				undo()
+			}
+			if log := e.dev.FreezeLog(); len(log) != 0 {
+				t.Fatalf("froze: %+v", log)
+			}
+			if n, want := e.dev.Calls(devicetest.SyncDevice), map[bool]int{true: 1, false: 0}[reflink]; n != want {
+				t.Fatalf("%d device flushes, want %d", n, want)
+			}
+		})
+	}
+}
+
+// A group is one instant if all its members' writes are held while they
+// are copied, or all but one, copied atomically meanwhile. Two raw block
+// members in use are refused before anything is frozen or flushed, naming
+// them; one with a mounted member is cut (the mounted one frozen, the
+// block one flushed), and so are two that are not staged.
+func TestQuiesceGroupWithBlockMembers(t *testing.T) {
 	e := newEnv(t)
-	block, unstaged, detached := e.volume("ext4"), e.volume("ext4"), e.volume("ext4")
-	must(t, e.node.Stage(ctx, node.StageRequest{VolumeID: block.ID, StagingPath: block.staging, Block: true}))
-	e.stage(detached)
-	must(t, e.dev.Unmount(detached.staging))
-	must(t, e.dev.DetachLoop(e.device(detached), e.pool.ImagePath(detached.ID)))
-	for _, v := range []*volume{block, unstaged, detached} {
-		undo, err := e.node.Quiesce(v.ID)
-		must(t, err)
-		undo()
+	e.dev.SetReflink(true)
+	e.restart()
+	a, b, m, idle := e.volume("ext4"), e.volume("ext4"), e.volume("ext4"), e.volume("ext4")
+	must(t, e.node.Stage(ctx, stageBlock(a)))
+	must(t, e.node.Stage(ctx, stageBlock(b)))
+	dev := e.stage(m)
+
+	_, err := e.node.QuiesceGroup([]string{a.ID, m.ID, b.ID}, time.Minute)
+	wantErr(t, err, errkind.ErrInUse, "a group of two raw block volumes in use")
+	for _, says := range []string{a.ID, b.ID, "raw block", "one instant", "stop the pods"} {
+		if !strings.Contains(err.Error(), says) {
+			t.Errorf("the refusal %q does not say %q", err, says)
+		}
 	}
-	if log := e.dev.FreezeLog(); len(log) != 0 {
-		t.Fatalf("froze: %+v", log)
+	if log := e.dev.FreezeLog(); len(log) != 0 || e.dev.Calls(devicetest.SyncDevice) != 0 {
+		t.Fatalf("the refused group froze %+v and flushed %d devices", log, e.dev.Calls(devicetest.SyncDevice))
 	}
-	if n := e.dev.Calls(devicetest.SyncDevice); n != 1 {
-		t.Fatalf("%d device flushes, want 1 (the block volume's)", n)
+
+	undo, err := e.node.QuiesceGroup([]string{b.ID, m.ID, idle.ID}, time.Minute)
+	must(t, err)
+	if !e.dev.Frozen(dev) || e.dev.Calls(devicetest.SyncDevice) != 1 {
+		t.Fatalf("a group of a mounted and a raw block volume: mounted frozen %v, %d flushes", e.dev.Frozen(dev), e.dev.Calls(devicetest.SyncDevice))
 	}
+	undo()
+	e.onlyFroze(dev, 1)
+
+	must(t, e.node.Unstage(ctx, a.ID, a.staging))
+	must(t, e.node.Unstage(ctx, b.ID, b.staging))
+	undo, err = e.node.QuiesceGroup([]string{a.ID, b.ID}, time.Minute)
+	must(t, err)
+	undo()
 }
 
 func TestQuiesceFreezeFailure(t *testing.T) {
