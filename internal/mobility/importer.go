@@ -150,7 +150,9 @@ func (im *Importer) Ensure(p *pool.Pool, v *store.Volume) string {
 func (j *job) status() string {
 	pr := j.progress
 	msg := fmt.Sprintf("copying %s %s from node %s", j.kind, j.source, j.node)
-	if pr.Total > 0 {
+	if pr.Checked < pr.Resumed {
+		msg += fmt.Sprintf(": checking what earlier attempts copied against the source, %s of %s", humanBytes(pr.Checked), humanBytes(pr.Resumed))
+	} else if pr.Total > 0 {
 		msg += fmt.Sprintf(": %s of %s", humanBytes(pr.Done), humanBytes(pr.Total))
 		if r := pr.Rate(); r > 0 {
 			msg += fmt.Sprintf(", %s/s, about %s left", humanBytes(int64(r)), pr.Remaining().Round(time.Second))

@@ -12,10 +12,27 @@ import (
 
 // span is a range of an image to send: its data (read, sent as data or,
 // where all zeros, as zeros), or, hole, zeros without reading (a range the
-// base holds data in and the image does not).
+// base holds data in and the image does not). check: the range is before
+// the offset the pull resumes from; its data is sent as checks.
 type span struct {
 	start, end int64
 	hole       bool
+	check      bool
+}
+
+// checksBefore marks what of spans (in order) is before from as checks,
+// cutting the span that straddles it.
+func checksBefore(spans []span, from int64) []span {
+	out := make([]span, 0, len(spans)+1)
+	for _, s := range spans {
+		if s.start < from && s.end > from {
+			out = append(out, span{start: s.start, end: from, hole: s.hole, check: true})
+			s.start = from
+		}
+		s.check = s.end <= from
+		out = append(out, s)
+	}
+	return out
 }
 
 // changedSpans lists what a copy of base needs to become img, from off on:
@@ -214,11 +231,13 @@ func unplaced(f *os.File, off, size int64) ([]mapped, error) {
 	return out, err
 }
 
-// spanBytes is the bytes spans cover.
-func spanBytes(spans []span) int64 {
+// spanBytes is the bytes spans cover, those of checks or not.
+func spanBytes(spans []span, checks bool) int64 {
 	var n int64
 	for _, s := range spans {
-		n += s.end - s.start
+		if s.check == checks {
+			n += s.end - s.start
+		}
 	}
 	return n
 }

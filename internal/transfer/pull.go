@@ -1,12 +1,14 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -109,6 +111,14 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 	if err := p.Dst.Truncate(cp.Size); err != nil {
 		return Result{}, fmt.Errorf("size the copy to %d bytes: %w", cp.Size, err)
 	}
+	if from > 0 && !changes {
+		// Everything from there on comes again: what an earlier attempt
+		// wrote past its checkpoint must not survive where the image has
+		// a hole.
+		if err := unix.Fallocate(int(p.Dst.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, from, cp.Size-from); err != nil {
+			return Result{}, fmt.Errorf("punch the copy from %d on: %w", from, err)
+		}
+	}
 	cp.Verified = from
 	total := a.data
 	res := Result{Resumed: from, More: a.more}
@@ -121,10 +131,49 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 	frames, free := decode(newReader(resp.Body, cp.Size, from), stop)
 	var unsynced, done, reached int64
 	fd := int(p.Dst.Fd())
+	// checked: the copy is found to be the source's image up to there
+	// (before from, which an earlier attempt wrote). A copy pulled whole
+	// reads zeros between the frames; a copy of changes holds its base
+	// there.
+	checked := int64(0)
+	var scratch []byte // not a frame's: that may hold its data
+	checkUpTo := func(end int64) error {
+		if changes || checked >= end {
+			return nil
+		}
+		if scratch == nil {
+			scratch = make([]byte, ChunkSize)
+		}
+		bad, err := zeroIn(p.Dst, checked, end, scratch)
+		if err != nil {
+			return fmt.Errorf("read the copy between %d and %d: %w", checked, end, err)
+		}
+		if bad < end {
+			return p.differs(cp, bad, end, "zeros")
+		}
+		checked = end
+		return nil
+	}
 	for d := range frames {
 		f, err := d.f, d.err
 		if err != nil {
 			return res, p.stopped(cp, reached, cancelled(ctx, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err)))
+		}
+		if f.offset < from && (f.kind == frameCheck || f.kind == frameZero) {
+			if err := p.check(f, cp, checkUpTo); err != nil {
+				return res, err
+			}
+			checked = f.offset + f.length
+			free <- f.buf
+			if p.Progress != nil {
+				p.Progress(Progress{Checked: checked, Resumed: from, Total: total, Elapsed: time.Since(start)})
+			}
+			continue
+		}
+		if f.kind != frameFail {
+			if err := checkUpTo(from); err != nil {
+				return res, err
+			}
 		}
 		switch f.kind {
 		case frameData:
@@ -160,7 +209,7 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 		done += f.length
 		reached = f.offset + f.length
 		if p.Progress != nil {
-			p.Progress(Progress{Done: done, Total: total, Elapsed: time.Since(start)})
+			p.Progress(Progress{Done: done, Total: total, Checked: from, Resumed: from, Elapsed: time.Since(start)})
 		}
 		if unsynced >= syncEvery {
 			cp.Verified = reached
@@ -171,6 +220,72 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 		}
 	}
 	return res, p.stopped(cp, reached, fmt.Errorf("pull %s from %s: the stream ended without its end", p.Source, p.Address))
+}
+
+// check compares the copy's bytes under a check or zero frame before the
+// offset the pull resumes from with what the frame says they are, after
+// checkUpTo its start (the gap before it).
+func (p *Pull) check(f frame, cp Checkpoint, checkUpTo func(int64) error) error {
+	if err := checkUpTo(f.offset); err != nil {
+		return err
+	}
+	end := f.offset + f.length
+	if f.kind == frameZero {
+		bad, err := zeroIn(p.Dst, f.offset, end, f.buf)
+		if err != nil {
+			return fmt.Errorf("read the copy between %d and %d: %w", f.offset, end, err)
+		}
+		if bad < end {
+			return p.differs(cp, bad, end, "zeros")
+		}
+		return nil
+	}
+	b := f.buf[:f.length]
+	if _, err := p.Dst.ReadAt(b, f.offset); err != nil {
+		return fmt.Errorf("read %d bytes at %d of the copy: %w", f.length, f.offset, err)
+	}
+	if checksum(b) != f.sum {
+		return p.differs(cp, f.offset, end, "data of another checksum")
+	}
+	return nil
+}
+
+// differs is the error of a copy whose bytes from bad to end, which an
+// earlier attempt wrote, are not the source's (which are want). The copy
+// is verified up to bad (what was checked before it): the checkpoint says
+// so, and the next attempt pulls again from there.
+func (p *Pull) differs(cp Checkpoint, bad, end int64, want string) error {
+	err := fmt.Errorf("pull %s from %s: the copy's bytes from offset %d to %d, written by an earlier attempt of this pull, differ from the source's %s (changed on this node since they were written): pulling again from offset %d", p.Source, p.Address, bad, end, want, bad)
+	cp.Verified = bad
+	if serr := p.sync(cp); serr != nil {
+		return errors.Join(err, serr)
+	}
+	return err
+}
+
+// zeroIn returns the first offset between off and end where f does not
+// read zero (end if none): its data extents there are read, its holes not.
+func zeroIn(f *os.File, off, end int64, buf []byte) (int64, error) {
+	bad := end
+	errFound := errors.New("found")
+	err := extents(f, off, end, func(start, stop int64) error {
+		for pos := start; pos < stop; {
+			b := buf[:min(stop-pos, int64(len(buf)))]
+			if _, err := f.ReadAt(b, pos); err != nil {
+				return err
+			}
+			if !bytes.Equal(b, zeros[:len(b)]) {
+				bad = pos + int64(slices.IndexFunc(b, func(c byte) bool { return c != 0 }))
+				return errFound
+			}
+			pos += int64(len(b))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errFound) {
+		return off, err
+	}
+	return bad, nil
 }
 
 // decodeDepth is how many frames the decoder may have read ahead of the

@@ -98,21 +98,24 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("from %d is beyond the image's %d bytes", req.From, img.Size), http.StatusRequestedRangeNotSatisfiable)
 		return
 	}
+	// From 0 whatever the request's from: what comes before it is sent as
+	// checks of what the caller's copy holds (Version 2).
 	var spans []span
 	if img.Base != nil {
-		spans, err = changedSpans(img.File, img.Base, req.From, img.Size)
+		spans, err = changedSpans(img.File, img.Base, 0, img.Size)
 	} else {
-		err = extents(img.File, req.From, img.Size, func(start, end int64) error {
+		err = extents(img.File, 0, img.Size, func(start, end int64) error {
 			spans = append(spans, span{start: start, end: end})
 			return nil
 		})
 	}
+	spans = checksBefore(spans, req.From)
 	if err != nil {
 		log.Error(err, "Cannot list the image's data")
 		http.Error(w, fmt.Sprintf("listing the data of %s: %v", req.Source, err), http.StatusInternalServerError)
 		return
 	}
-	total := spanBytes(spans)
+	total := spanBytes(spans, false)
 	h := w.Header()
 	h.Set("Content-Type", "application/vnd.podvol.transfer")
 	h.Set(headerVersion, strconv.Itoa(Version))
@@ -159,11 +162,17 @@ func (s *Server) stream(ctx context.Context, img Image, spans []span, w *writer)
 		if c.err != nil {
 			return c.err
 		}
-		if c.zero {
+		switch {
+		case c.zero:
 			if err := w.zero(c.pos, c.n); err != nil {
 				return err
 			}
-		} else {
+		case c.check:
+			// No data crosses the network: not charged to the limit.
+			if err := w.check(c.pos, c.n, c.sum); err != nil {
+				return err
+			}
+		default:
 			if s.Limiter != nil {
 				if err := s.Limiter.WaitN(ctx, int(c.n)); err != nil {
 					return fmt.Errorf("bandwidth limit: %w", err)
@@ -184,10 +193,12 @@ func (s *Server) stream(ctx context.Context, img Image, spans []span, w *writer)
 // readDepth is how many chunks the source reads ahead of what it sends.
 const readDepth = 8
 
-// chunk is a piece of an image read for sending.
+// chunk is a piece of an image read for sending, or, check, for a check
+// of the caller's copy (its checksum alone is sent).
 type chunk struct {
 	pos, n int64
 	zero   bool
+	check  bool
 	sum    uint32
 	buf    []byte
 	err    error
@@ -195,7 +206,8 @@ type chunk struct {
 
 // chunks reads img's spans in chunks of at most ChunkSize, each with its
 // checksum (none for zeros), into buffers taken from free, and sends them
-// in order; an error is the last chunk sent. The channel is closed after
+// in order (a check span's chunks as checks); an error is the last chunk
+// sent. The channel is closed after
 // the last. A hole span is sent as chunks of zeros, unread and without a
 // buffer. The receiver gives each chunk's buf, if any, back to free; every
 // chunk read holds one, so a send never blocks, and waiting for a buffer
@@ -239,10 +251,14 @@ func chunks(ctx context.Context, img Image, spans []span) (<-chan chunk, chan<- 
 					if _, err := img.File.ReadAt(b, pos); err != nil {
 						return fmt.Errorf("read %d bytes at %d: %w", n, pos, err)
 					}
+					// The checksum first, as the read returned the
+					// bytes: it covers them from here to the target's
+					// check (wire.go, castagnoli).
+					sum := checksum(b)
 					_ = unix.Fadvise(fd, pos, n, unix.FADV_DONTNEED)
-					c := chunk{pos: pos, n: n, buf: buf, zero: bytes.Equal(b, zeros[:n])}
-					if !c.zero {
-						c.sum = checksum(b)
+					c := chunk{pos: pos, n: n, buf: buf, sum: sum, check: sp.check}
+					if bytes.Equal(b, zeros[:n]) {
+						c.zero, c.check, c.sum = true, false, 0
 					}
 					out <- c
 					pos += n

@@ -7,16 +7,23 @@
 // Authorizer's to say, asked for every request with the caller's node as the
 // certificate proves it. Only the image's data extents move (SEEK_DATA,
 // SEEK_HOLE; chunks of zeros are sent as their length alone), every chunk
-// carries its CRC-32C, checked before it is written, and the stream ends
-// with a SHA-256 over every frame's header, checksums included (TLS already
-// protects the stream in transit; the digest catches a frame lost or
-// reordered by a bug on either side, the checksums what the source read or
-// the target was handed). Both ends work in two goroutines each, the disk
-// on one and the network and checksums on the other, a few chunks apart.
-// The target syncs its copy every SyncEvery bytes (its writes started to
-// the disk as they are made) and records how far it is verified (a
-// Checkpoint); a pull that stops, on either side, resumes from there as
-// long as the source serves the same image (its Identity).
+// carries its CRC-32C, taken as the source's read returns it and checked
+// before the target writes it, and the stream ends with a SHA-256 over
+// every frame's header, checksums included (TLS already protects the
+// stream in transit; the digest catches a frame lost or reordered by a bug
+// on either side, the checksums a chunk altered between the source's read
+// and the target's check: wire.go says exactly what they cover). Both ends
+// work in two goroutines each, the disk on one and the network and
+// checksums on the other, a few chunks apart. The target syncs its copy
+// every SyncEvery bytes (its writes started to the disk as they are made)
+// and records how far it is verified (a Checkpoint); a pull that stops, on
+// either side, resumes from there as long as the source serves the same
+// image (its Identity). A resumed stream still starts at offset 0: what
+// comes before the checkpoint is sent as checks (each chunk's CRC-32C, and
+// zeros), which the target compares with what its copy holds, read back;
+// so the digest at its end covers the whole image (or the whole of a
+// pull's changes), whatever the resumes, and a copy damaged since an
+// earlier attempt wrote it is found and pulled again from the damage.
 //
 // A copy that holds an image whole asks Since it for only what changed: the
 // source sends the extents of its new image whose blocks are not the old
@@ -148,6 +155,10 @@ type Progress struct {
 	// Done of Total bytes of data (the source's data extents from where
 	// this pull started) have been received and checked.
 	Done, Total int64
+	// Checked of Resumed: a pull resumed from offset Resumed first checks
+	// the copy up to there against the source (reading it back on both
+	// nodes), then receives the rest.
+	Checked, Resumed int64
 	// Elapsed since this pull started.
 	Elapsed time.Duration
 }

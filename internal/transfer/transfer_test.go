@@ -422,6 +422,146 @@ func TestPullResumesAfterTheSourceStops(t *testing.T) {
 	}
 }
 
+// damage overwrites n bytes of f at off with garbage.
+func damage(t *testing.T, f *os.File, off int64, n int) {
+	t.Helper()
+	if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, n), off); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A resumed pull checks what the copy holds before the offset it resumes
+// from against the source (check frames: the stream's digest covers the
+// whole image, not only what the last attempt sent): a copy damaged there
+// since the attempt that wrote it, in its data or in a hole, fails the
+// pull, whose checkpoint then goes back to the damage, and the next
+// attempt pulls from there and makes the copy whole. What an earlier
+// attempt wrote past its checkpoint (garbage where the image has a hole)
+// does not survive either.
+func TestResumedPullChecksWhatTheCopyHolds(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		at   int64 // where the copy is damaged
+		// found: where the resumed pull finds the damage (the start of
+		// the checked chunk of data, the first byte in a hole), its
+		// checkpoint back there; 0: the damage is past the checkpoint,
+		// and simply undone.
+		found int64
+	}{
+		{"data before the checkpoint", 1<<20 + 100, 1 << 20},
+		{"a hole before the checkpoint", 2<<20 + 512<<10, 2<<20 + 512<<10},
+		{"a hole past the checkpoint", 20 << 20, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var once sync.Once
+			cut := abortAfter(5<<20 + 100)
+			fx := newFixture(t, nil, func(h http.Handler) http.Handler {
+				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					first := false
+					once.Do(func() { first = true })
+					if first {
+						cut(h).ServeHTTP(w, r)
+						return
+					}
+					h.ServeHTTP(w, r)
+				})
+			})
+			// The cut comes after the extent at 3 MiB: the resumed pull's
+			// first frame is at 40 MiB, after a hole.
+			src := filepath.Join(fx.dir, "snap-r.img")
+			makeImage(t, src, 64<<20, []extent{{0, random(2 << 20)}, {3 << 20, random(3 << 20)}, {40 << 20, random(4 << 20)}})
+			dst, dstPath := openDst(t)
+			var cp Checkpoint
+			p := fx.pull(t, "snap-r", dst)
+			p.SyncEvery = 1 << 20
+			p.Checkpoint = func(c Checkpoint) error { cp = c; return nil }
+			if _, err := p.Run(context.Background()); err == nil {
+				t.Fatal("the first pull was not cut")
+			}
+			if cp.Verified < 4<<20 || cp.Verified > 6<<20 {
+				t.Fatalf("checkpoint after the cut at %d, want 4 to 6 MiB", cp.Verified)
+			}
+			damage(t, dst, c.at, 4096)
+			p.Resume = cp
+			res, err := p.Run(context.Background())
+			if c.found > 0 {
+				if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("the copy's bytes from offset %d", c.found)) || !strings.Contains(err.Error(), "differ from the source's") {
+					t.Fatalf("a resumed pull over a copy damaged at %d: %v, want the damage found at %d", c.at, err, c.found)
+				}
+				if cp.Verified != c.found {
+					t.Fatalf("checkpoint at %d after the damage was found, want it back at %d", cp.Verified, c.found)
+				}
+				p.Resume = cp
+				if res, err = p.Run(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if res.Resumed != c.found {
+					t.Errorf("the pull after the damage resumed at %d, want %d", res.Resumed, c.found)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if fileSum(t, src) != fileSum(t, dstPath) {
+				t.Fatal("the resumed copy differs from the source")
+			}
+		})
+	}
+}
+
+// A pull resumed from inside a hole (a checkpoint after the damage found
+// there) whose copy holds written zeros before it checks them and writes
+// what follows as the source has it.
+func TestResumedPullFromAHole(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	src := filepath.Join(fx.dir, "snap-h.img")
+	makeImage(t, src, 32<<20, []extent{{0, random(4096)}, {16 << 20, random(2 << 20)}})
+	img, err := fx.images.Open(context.Background(), Request{Source: "snap-h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.File.Close()
+	head := make([]byte, 1<<20)
+	f, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ReadAt(head, 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	dst, dstPath := openDst(t)
+	if err := dst.Truncate(32 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dst.WriteAt(head, 0); err != nil { // zeros written: data, not a hole
+		t.Fatal(err)
+	}
+	p := fx.pull(t, "snap-h", dst)
+	p.Resume = Checkpoint{Identity: img.Identity, Size: 32 << 20, Verified: 1 << 20}
+	var checking []Progress
+	p.Progress = func(pr Progress) {
+		if pr.Done == 0 {
+			checking = append(checking, pr)
+		}
+	}
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(checking) == 0 || checking[0].Resumed != 1<<20 || checking[0].Checked != 4096 {
+		t.Errorf("progress while checking the copy: %+v, want the check of the first 4 KiB of 1 MiB", checking)
+	}
+	if res.Resumed != 1<<20 || res.Sent != 2<<20 {
+		t.Errorf("resumed at %d sending %d, want 1 MiB and the 2 MiB after", res.Resumed, res.Sent)
+	}
+	if fileSum(t, src) != fileSum(t, dstPath) {
+		t.Fatal("the resumed copy differs from the source")
+	}
+}
+
 // A target that stops (its context ends: the plugin restarts) resumes from
 // its checkpoint too.
 func TestPullResumesAfterTheTargetStops(t *testing.T) {
@@ -527,7 +667,7 @@ func TestPullRefusesCorruptStreams(t *testing.T) {
 		want string
 	}{
 		"altered": {altered, "does not match its checksum"},
-		"dropped": {dropped, "8192 bytes of data"},
+		"dropped": {dropped, "described 8192 bytes of the image"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			addr := serve(t, c.creds(t, CommonName("node-a")), rawSource(16384, c2.body))
@@ -928,6 +1068,64 @@ func TestPullSinceResumesOrStartsAgain(t *testing.T) {
 	}
 	if fileSum(t, next) != fileSum(t, dstPath2) {
 		t.Fatal("the copy pulled again differs from the image")
+	}
+}
+
+// A resumed pull of changes checks the changes it applied before the
+// offset it resumes from (here, without reflink, every extent of the new
+// image counts as changed): a copy damaged there is found, and the next
+// attempt applies them again from the damage.
+func TestPullSinceResumedChecksTheChangesApplied(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	makeImage(t, filepath.Join(fx.dir, "vol.img"), 32<<20, []extent{{0, random(8 << 20)}})
+	dst, dstPath := openDst(t)
+	first, err := fx.pull(t, "vol", dst).Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx.images.keepBase(t, "vol")
+	next := filepath.Join(fx.dir, "vol.img")
+	makeImage(t, next, 32<<20, []extent{{0, random(8 << 20)}, {16 << 20, random(8 << 20)}})
+	img, err := fx.images.Open(context.Background(), Request{Source: "vol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.File.Close()
+	// A pull of the changes stopped after 10 MiB, and the copy damaged
+	// since at 5 MiB.
+	part := make([]byte, 10<<20)
+	src, err := os.Open(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.ReadAt(part, 0); err != nil {
+		t.Fatal(err)
+	}
+	src.Close()
+	if _, err := dst.WriteAt(part, 0); err != nil {
+		t.Fatal(err)
+	}
+	damage(t, dst, 5<<20+100, 4096)
+	var cp Checkpoint
+	p := fx.pull(t, "vol", dst)
+	p.Resume = Checkpoint{Identity: img.Identity, Size: 32 << 20, Verified: 10 << 20, Base: first.Identity}
+	p.Checkpoint = func(c Checkpoint) error { cp = c; return nil }
+	if _, err := p.Run(context.Background()); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("the copy's bytes from offset %d", 5<<20)) {
+		t.Fatalf("a resumed pull of changes over a copy damaged at 5 MiB: %v, want the damage found", err)
+	}
+	if cp.Verified != 5<<20 || cp.Base != first.Identity || cp.Identity != img.Identity {
+		t.Fatalf("checkpoint %+v after the damage was found, want the changes verified up to 5 MiB", cp)
+	}
+	p.Resume = cp
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Resumed != 5<<20 {
+		t.Errorf("resumed at %d, want 5 MiB", res.Resumed)
+	}
+	if fileSum(t, next) != fileSum(t, dstPath) {
+		t.Fatal("the copy differs from the changed image")
 	}
 }
 

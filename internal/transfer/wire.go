@@ -20,10 +20,15 @@ const (
 	// frameData: offset (8 bytes), length (4), CRC-32C of the data (4),
 	// the data.
 	frameData = 'D'
-	// frameZero: offset (8), length (4): that many zero bytes.
+	// frameZero: offset (8), length (4): that many zero bytes (before
+	// the offset the pull resumes from: the target's copy must read so).
 	frameZero = 'Z'
-	// frameEnd: the bytes of data and zeros the stream described (8), the
-	// stream digest (32). Nothing follows.
+	// frameCheck: offset (8), length (4), CRC-32C of the data there (4),
+	// no data: what the target's copy must hold before the offset its
+	// pull resumes from, which an earlier attempt wrote.
+	frameCheck = 'C'
+	// frameEnd: the bytes the stream's data, zero and check frames
+	// described (8), the stream digest (32). Nothing follows.
 	frameEnd = 'E'
 	// frameFail: a message's length (4), the message: the source failed
 	// after it had answered 200. Nothing follows.
@@ -38,11 +43,16 @@ const (
 
 // castagnoli is CRC-32C's table. A chunk's checksum is a CRC, not a hash:
 // TLS 1.3 already authenticates every byte in transit, so what the
-// checksum is for is what TLS cannot see (a wrong read at the source, a
-// buffer reused too early, a framing bug), which a CRC catches, computed in
-// hardware at many times SHA-256's speed (SHA-256 per chunk was a third of
-// a pull's CPU on both ends: bench/mobility). The stream digest over every
-// frame's header, CRCs included, stays SHA-256.
+// checksum is for is what TLS cannot see, from the source's read to the
+// target's check before its write: a buffer reused too early, a framing
+// bug, memory of either end's HTTP and TLS stacks outside the record TLS
+// authenticates. It is taken as the read returns, before anything else
+// touches the buffer; a read that returns wrong bytes (a disk or a
+// filesystem that corrupts silently) is beyond it, as is what the target's
+// disk does with the write. A CRC catches these, computed in hardware at
+// many times SHA-256's speed (SHA-256 per chunk was a third of a pull's
+// CPU on both ends: bench/mobility). The stream digest over every frame's
+// header, CRCs included, stays SHA-256.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // checksum is a chunk's checksum.
@@ -59,7 +69,11 @@ func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 //
 // 1: the first versioned protocol (the plugins before it sent no version;
 // they are refused either way).
-const Version = 1
+// 2: a stream starts at offset 0 whatever the offset its pull resumes
+// from: before it, check frames (frameCheck, and zeros) of what the
+// copy holds, which the target reads back and compares, so that the
+// stream's digest covers the whole image, not what the last attempt sent.
+const Version = 2
 
 // headerVersion carries Version, on the request and on the 200 answer.
 const headerVersion = "Podvol-Transfer-Version"
@@ -112,6 +126,18 @@ func (w *writer) data(off int64, b []byte, sum uint32) error {
 	return err
 }
 
+// check writes a check frame of the n bytes at off, whose checksum is sum.
+func (w *writer) check(off, n int64, sum uint32) error {
+	w.hdr[0] = frameCheck
+	binary.BigEndian.PutUint64(w.hdr[1:], uint64(off))
+	binary.BigEndian.PutUint32(w.hdr[9:], uint32(n))
+	binary.BigEndian.PutUint32(w.hdr[13:], sum)
+	w.digest.Write(w.hdr[:dataHeader])
+	w.total += n
+	_, err := w.w.Write(w.hdr[:dataHeader])
+	return err
+}
+
 func (w *writer) zero(off, n int64) error {
 	w.hdr[0] = frameZero
 	binary.BigEndian.PutUint64(w.hdr[1:], uint64(off))
@@ -144,16 +170,19 @@ func (w *writer) fail(msg string) error {
 
 // reader decodes frames, checking each against the image's size, the
 // order of offsets, its data's digest and, at the end, the stream's.
+// Before from (the offset the pull resumes from) only check and zero
+// frames may come, after it only data and zero frames; none straddles it.
 type reader struct {
 	r      *bufio.Reader
 	size   int64
+	from   int64
 	next   int64 // no frame may start before it
 	digest hash.Hash
 	total  int64
 }
 
 func newReader(r io.Reader, size, from int64) *reader {
-	return &reader{r: bufio.NewReaderSize(r, 256<<10), size: size, next: from, digest: sha256.New()}
+	return &reader{r: bufio.NewReaderSize(r, 256<<10), size: size, from: from, digest: sha256.New()}
 }
 
 // read returns the next frame, a data frame's data read into buf (of
@@ -168,9 +197,9 @@ func (r *reader) read(buf []byte) (frame, error) {
 	}
 	f.kind = kind
 	switch kind {
-	case frameData, frameZero:
+	case frameData, frameZero, frameCheck:
 		n := zeroHeader
-		if kind == frameData {
+		if kind != frameZero {
 			n = dataHeader
 		}
 		var hdr [dataHeader]byte
@@ -186,6 +215,9 @@ func (r *reader) read(buf []byte) (frame, error) {
 		if f.offset < r.next || f.offset > r.size-f.length {
 			return f, fmt.Errorf("frame of %d bytes at offset %d is out of order or outside the image (next offset %d, size %d)", f.length, f.offset, r.next, r.size)
 		}
+		if before := f.offset < r.from; (before && f.offset+f.length > r.from) || (before && kind == frameData) || (!before && kind == frameCheck) {
+			return f, fmt.Errorf("%c frame of %d bytes at offset %d: the pull resumes from %d, before which only check and zero frames may come and after which no check frame", kind, f.length, f.offset, r.from)
+		}
 		r.digest.Write(hdr[:n])
 		r.total += f.length
 		r.next = f.offset + f.length
@@ -193,6 +225,9 @@ func (r *reader) read(buf []byte) (frame, error) {
 			return f, nil
 		}
 		f.sum = binary.BigEndian.Uint32(hdr[13:])
+		if kind == frameCheck {
+			return f, nil
+		}
 		f.data = buf[:f.length]
 		if _, err := io.ReadFull(r.r, f.data); err != nil {
 			return f, fmt.Errorf("data at offset %d: %w", f.offset, unexpected(err))
@@ -207,7 +242,7 @@ func (r *reader) read(buf []byte) (frame, error) {
 			return f, fmt.Errorf("end of stream: %w", unexpected(err))
 		}
 		if total := int64(binary.BigEndian.Uint64(b[:])); total != r.total {
-			return f, fmt.Errorf("the source sent %d bytes of data and zeros but this end received %d", total, r.total)
+			return f, fmt.Errorf("the source described %d bytes of the image but this end received %d", total, r.total)
 		}
 		if !bytes.Equal(b[8:], r.digest.Sum(nil)) {
 			return f, fmt.Errorf("the stream's digest does not match the frames received: a frame was lost or altered")

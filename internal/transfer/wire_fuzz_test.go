@@ -38,6 +38,14 @@ func FuzzFrames(f *testing.F) {
 	corrupt := bytes.Clone(good)
 	corrupt[dataHeader] ^= 1
 	f.Add(corrupt, int64(1<<20), int64(0))
+	var resumed bytes.Buffer // checks of what the copy holds, then data
+	wr, d := newWriter(&resumed), []byte("podvol transfer fuzz seed")
+	_ = wr.check(0, 4096, checksum(make([]byte, 4096)))
+	_ = wr.zero(4096, 4096)
+	_ = wr.data(8192, d, checksum(d))
+	_ = wr.end()
+	f.Add(resumed.Bytes(), int64(1<<20), int64(8192))
+	f.Add(resumed.Bytes(), int64(1<<20), int64(4096)) // a check after the resume
 	var fail bytes.Buffer
 	_ = newWriter(&fail).fail("read 1048576 bytes at 0: input/output error")
 	f.Add(fail.Bytes(), int64(1<<20), int64(0))
@@ -58,10 +66,14 @@ func FuzzFrames(f *testing.F) {
 		if len(frames) > len(stream) {
 			t.Fatalf("%d frames decoded from %d bytes", len(frames), len(stream))
 		}
-		next := from
+		next := int64(0)
 		for _, fr := range frames {
 			if fr.length < 1 || fr.length > ChunkSize || fr.offset < next || fr.offset+fr.length > size {
 				t.Fatalf("frame of %d bytes at %d accepted (next offset %d, image of %d bytes)", fr.length, fr.offset, next, size)
+			}
+			// Before the resume only checks of the copy, after it no check.
+			if before := fr.offset < from; (before && (fr.kind == frameData || fr.offset+fr.length > from)) || (!before && fr.kind == frameCheck) {
+				t.Fatalf("%c frame of %d bytes at %d accepted for a pull resumed from %d", fr.kind, fr.length, fr.offset, from)
 			}
 			if fr.kind == frameData && (int64(len(fr.data)) != fr.length || checksum(fr.data) != fr.sum) {
 				t.Fatalf("data frame at %d accepted with %d bytes of data for its length %d, or a wrong checksum", fr.offset, len(fr.data), fr.length)
@@ -77,9 +89,12 @@ func FuzzFrames(f *testing.F) {
 		var again bytes.Buffer
 		w := newWriter(&again)
 		for _, fr := range frames {
-			if fr.kind == frameData {
+			switch fr.kind {
+			case frameData:
 				_ = w.data(fr.offset, fr.data, fr.sum)
-			} else {
+			case frameCheck:
+				_ = w.check(fr.offset, fr.length, fr.sum)
+			default:
 				_ = w.zero(fr.offset, fr.length)
 			}
 		}
@@ -93,7 +108,7 @@ func FuzzFrames(f *testing.F) {
 		}
 		for i := range back {
 			a, b := frames[i], back[i]
-			if a.kind != b.kind || a.offset != b.offset || a.length != b.length || !bytes.Equal(a.data, b.data) {
+			if a.kind != b.kind || a.offset != b.offset || a.length != b.length || a.sum != b.sum || !bytes.Equal(a.data, b.data) {
 				t.Fatalf("frame %d: %c %d+%d decodes again as %c %d+%d", i, a.kind, a.offset, a.length, b.kind, b.offset, b.length)
 			}
 		}
