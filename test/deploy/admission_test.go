@@ -325,17 +325,23 @@ func TestDirectClassTemplates(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	policies := apply(t, e.ac, manifest(t, "PODVOL_ADMISSION_POLICY", "admission-policy.yaml"))
-	e.admissionParams(t)
-	e.params(t, map[string]string{admissionparams.DirectClasses: "vm-disks"})
 	kc := e.admin.kc
 	rwo := claimTemplate("disk", ptr.To("vm-disks"), nil)
 	rwop := claimTemplate("disk", ptr.To("vm-disks"), nil)
 	rwop.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod}
+	// A claim made before the policy (an upgrade from a podvol without
+	// it): its updates that change neither class nor modes go on.
+	legacy := rwo.DeepCopy()
+	legacy.Name = "legacy"
+	_, err := kc.CoreV1().PersistentVolumeClaims("tenant").Create(bg, legacy, metav1.CreateOptions{})
+	must(t, err)
+	policies := apply(t, e.ac, manifest(t, "PODVOL_ADMISSION_POLICY", "admission-policy.yaml"))
+	e.admissionParams(t)
+	e.params(t, map[string]string{admissionparams.DirectClasses: "vm-disks"})
 
 	// The policy is loaded once a PVC of the class without RWOP is refused.
 	pvc := rwo.DeepCopy()
-	err := eventually(time.Minute, func() error {
+	err = eventually(time.Minute, func() error {
 		_, err := kc.CoreV1().PersistentVolumeClaims("tenant").Create(bg, pvc, dryRun)
 		if err == nil {
 			return fmt.Errorf("a ReadWriteOnce PVC of vm-disks was admitted")
@@ -347,6 +353,35 @@ func TestDirectClassTemplates(t *testing.T) {
 	}
 	_, err = kc.CoreV1().PersistentVolumeClaims("tenant").Create(bg, pvc, dryRun)
 	refusedByDirect(t, "PVC", err, "StorageClass vm-disks hands volumes to microVMs", "ReadWriteOncePod")
+
+	// Issue 41: a claim made with no class and given one later (the API
+	// server lets any user set a nil storageClassName once, as the PV
+	// controller does for a default class) was never checked.
+	claims := kc.CoreV1().PersistentVolumeClaims("tenant")
+	for _, c := range []struct {
+		name string
+		tmpl corev1.PersistentVolumeClaim
+	}{{"classless", rwo}, {"classless-rwop", rwop}} {
+		pvc := c.tmpl.DeepCopy()
+		pvc.Name, pvc.Spec.StorageClassName = c.name, nil
+		_, err := claims.Create(bg, pvc, metav1.CreateOptions{})
+		must(t, err)
+	}
+	setClass := func(name string) error {
+		pvc, err := claims.Get(bg, name, metav1.GetOptions{})
+		must(t, err)
+		pvc.Spec.StorageClassName = ptr.To("vm-disks")
+		_, err = claims.Update(bg, pvc, metav1.UpdateOptions{})
+		return err
+	}
+	refusedByDirect(t, "a ReadWriteOnce PVC given class vm-disks later", setClass("classless"),
+		"StorageClass vm-disks hands volumes to microVMs", "ReadWriteOncePod")
+	allowed(t, e.admin, "a ReadWriteOncePod PVC given class vm-disks later", setClass("classless-rwop"))
+	old, err := claims.Get(bg, "legacy", metav1.GetOptions{})
+	must(t, err)
+	old.Labels = map[string]string{"app": "vm"}
+	_, err = claims.Update(bg, old, metav1.UpdateOptions{})
+	allowed(t, e.admin, "label a ReadWriteOnce PVC of vm-disks made before the policy", err)
 
 	sts := kc.AppsV1().StatefulSets("tenant")
 	_, err = sts.Create(bg, statefulSet("vm", rwo), dryRun)
