@@ -17,9 +17,11 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
+	"github.com/podvol/podvol/internal/errkind"
 	"github.com/podvol/podvol/internal/mobility"
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
+	"github.com/podvol/podvol/internal/store"
 	"github.com/podvol/podvol/internal/transfer"
 	"github.com/podvol/podvol/internal/transfercert"
 )
@@ -70,9 +72,16 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kc.CoreV1().Events("")})
 	warnings := &mobility.Warnings{Client: kc, Recorder: events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "podvol-plugin", Host: c.nodeID})}
 	srv = &transfer.Server{
-		Authorizer: mobility.ClaimAuthorizer{Client: kc, Dynamic: dyn, Node: c.nodeID, Driver: names.Driver},
-		Limiter:    limiter,
-		Mismatch:   warnings.Mismatch,
+		Authorizer: mobility.ClaimAuthorizer{Client: kc, Dynamic: dyn, Node: c.nodeID, Driver: names.Driver, Snapshot: func(id string) (*store.Snapshot, error) {
+			name, _ := pool.PoolOf(id)
+			p, ok := byName[name]
+			if !ok {
+				return nil, fmt.Errorf("snapshot %s is of pool %q, which this node does not serve: %w", id, name, errkind.ErrNotFound)
+			}
+			return p.ReadySnapshot(id)
+		}},
+		Limiter:  limiter,
+		Mismatch: warnings.Mismatch,
 	}
 	lis, err := net.Listen("tcp", c.transferAddr)
 	if err != nil {

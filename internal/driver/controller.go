@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/pool"
@@ -130,7 +131,12 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := nameTaken(d, pl, name, (*store.Store).VolumeByName); err != nil {
 		return nil, err
 	}
-	v, err := pl.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Source: source, Format: format, Quiesce: pl.Node.Quiesce, Import: imp})
+	ns, err := claimNamespace(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	v, err := pl.Pool.CreateVolume(ctx, pool.CreateRequest{Name: name, SizeBytes: size, FsType: fsType, Parameters: params, Namespace: ns,
+		Source: source, Format: format, Quiesce: pl.Node.Quiesce, Import: imp})
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -419,6 +425,18 @@ const (
 	pvcNameParam      = "csi.storage.k8s.io/pvc/name"
 	pvcNamespaceParam = "csi.storage.k8s.io/pvc/namespace"
 )
+
+// claimNamespace is the namespace of the claim a volume is for, as the
+// provisioner names it (--extra-create-metadata), "" if it names none. It
+// is recorded with the volume and its snapshots: the snapshots' data is
+// that namespace's, and only its claims may pull them from another node.
+func claimNamespace(params map[string]string) (string, error) {
+	ns := params[pvcNamespaceParam]
+	if ns != "" && len(validation.IsDNS1123Label(ns)) > 0 {
+		return "", invalid("parameter %s=%q is not a namespace name", pvcNamespaceParam, ns)
+	}
+	return ns, nil
+}
 
 // importFor names the claim a pulled volume is for, which the source node
 // checks before it serves anything: its namespace and name from the

@@ -114,3 +114,34 @@ func TestDeleteSnapshotOfAHandleNamingNoNode(t *testing.T) {
 		t.Fatalf("DeleteSnapshot of an id podvol never makes: %v", err)
 	}
 }
+
+// Issue 41: the pool records the namespace of a volume's claim (the
+// provisioner's --extra-create-metadata) and a snapshot carries its
+// volume's, a group snapshot's members too: the transfer source serves a
+// snapshot to another node only for a claim of that namespace.
+func TestSnapshotsRecordTheirVolumesNamespace(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	params := map[string]string{pvcNamespaceParam: "team-a", pvcNameParam: "data"}
+	id, _ := f.createStaged(params)
+	if v, err := f.pool("").ReadyVolume(id); err != nil || v.Namespace != "team-a" {
+		t.Fatalf("volume %s: %+v, %v; want namespace team-a", id, v, err)
+	}
+	s, err := f.d.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap", SourceVolumeId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := f.d.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group", SourceVolumeIds: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{s.GetSnapshot().GetSnapshotId(), g.GetGroupSnapshot().GetSnapshots()[0].GetSnapshotId()} {
+		sid, _ := snaphandle.Parse(h)
+		if snap, err := f.pool("").ReadySnapshot(sid); err != nil || snap.Namespace != "team-a" {
+			t.Fatalf("snapshot %s: %+v, %v; want namespace team-a", h, snap, err)
+		}
+	}
+	_, err = f.d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "bad-namespace", Parameters: map[string]string{pvcNamespaceParam: "Team_A"},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}, VolumeCapabilities: []*csi.VolumeCapability{rwop()}})
+	wantCode(t, err, codes.InvalidArgument, "a namespace that is no namespace name")
+}

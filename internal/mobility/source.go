@@ -160,6 +160,10 @@ type ClaimAuthorizer struct {
 	Dynamic dynamic.Interface
 	// Node is this node; Driver podvol's name.
 	Node, Driver string
+	// Snapshot returns this node's ready snapshot of that id, as its
+	// pool records it (what volume, of what namespace, it was cut from);
+	// an error wrapping errkind.ErrNotFound if there is none.
+	Snapshot func(id string) (*store.Snapshot, error)
 }
 
 func (a ClaimAuthorizer) Authorize(ctx context.Context, r *transfer.Request) error {
@@ -231,16 +235,69 @@ func (a ClaimAuthorizer) Authorize(ctx context.Context, r *transfer.Request) err
 	if refNS != vs.GetNamespace() || refName != vs.GetName() || (refUID != "" && refUID != string(vs.GetUID())) {
 		return fmt.Errorf("VolumeSnapshotContent %s does not name VolumeSnapshot %s/%s back: %w", content, pvc.Namespace, ref.Name, errkind.ErrDenied)
 	}
+	if vsc.GetDeletionTimestamp() != nil {
+		return fmt.Errorf("VolumeSnapshotContent %s is being deleted: %w", content, errkind.ErrNotFound)
+	}
 	driver, _, _ := unstructured.NestedString(vsc.Object, "spec", "driver")
+	if driver != a.Driver {
+		return fmt.Errorf("claim %s restores a snapshot of driver %s, not %s: %w", r.Claim, driver, a.Driver, errkind.ErrDenied)
+	}
+	// The node that manages a content writes its status, handle
+	// included (its csi-snapshotter): only this node's own contents are
+	// believed here. No node may change that label (node-policy.yaml).
+	if m := vsc.GetLabels()[names.SnapshotManagedBy]; m != a.Node {
+		return fmt.Errorf("VolumeSnapshotContent %s is managed by node %s, not by this node (%s): its snapshot is served only by the node whose csi-snapshotter writes it: %w",
+			content, orNone(m), a.Node, errkind.ErrDenied)
+	}
+	// spec.source is immutable, and no node creates contents: the
+	// handle of a content made for an existing snapshot (imported by
+	// handle) is the one it was made with, and a content cut from a
+	// volume names that volume, which the pool's record must match.
+	specHandle, _, _ := unstructured.NestedString(vsc.Object, "spec", "source", "snapshotHandle")
+	specVolume, _, _ := unstructured.NestedString(vsc.Object, "spec", "source", "volumeHandle")
 	handle, _, _ := unstructured.NestedString(vsc.Object, "status", "snapshotHandle")
-	if handle == "" {
-		handle, _, _ = unstructured.NestedString(vsc.Object, "spec", "source", "snapshotHandle")
+	switch {
+	case specHandle != "" && handle != "" && handle != specHandle:
+		return fmt.Errorf("VolumeSnapshotContent %s's status.snapshotHandle %q is not its spec.source.snapshotHandle %q: %w", content, handle, specHandle, errkind.ErrDenied)
+	case specHandle != "":
+		handle = specHandle
+	case specVolume == "":
+		return fmt.Errorf("VolumeSnapshotContent %s has neither spec.source.snapshotHandle nor spec.source.volumeHandle: %w", content, errkind.ErrDenied)
 	}
 	id, node := snaphandle.Parse(handle)
-	if driver != a.Driver || node != a.Node || id != r.Source {
-		return fmt.Errorf("claim %s restores snapshot %q (driver %s), not %s of node %s: %w", r.Claim, handle, driver, r.Source, a.Node, errkind.ErrDenied)
+	if node != a.Node || id != r.Source {
+		return fmt.Errorf("claim %s restores snapshot %q, not %s of node %s: %w", r.Claim, handle, r.Source, a.Node, errkind.ErrDenied)
+	}
+	snap, err := a.Snapshot(id)
+	if err != nil {
+		return fmt.Errorf("claim %s restores snapshot %s: %w", r.Claim, id, err)
+	}
+	if specHandle != "" {
+		// Imported by handle: whoever made the content (an admin, or a
+		// backup tool given the right to create contents; no node
+		// may) gave the snapshot to the namespace of the VolumeSnapshot
+		// it names, whatever namespace its volume was in.
+		return nil
+	}
+	switch {
+	case snap.SourceID != specVolume:
+		return fmt.Errorf("VolumeSnapshotContent %s was cut from spec.source.volumeHandle %s, and snapshot %s was cut from volume %s: its status.snapshotHandle is not its snapshot's: %w",
+			content, specVolume, id, snap.SourceID, errkind.ErrDenied)
+	case snap.Namespace == "":
+		return fmt.Errorf("snapshot %s was cut from a volume whose namespace podvol did not record (made before it did, or provisioned without --extra-create-metadata), so it is not served to another node: restore it on node %s, or have an admin import it by handle into namespace %s (a VolumeSnapshotContent with spec.source.snapshotHandle %q): %w",
+			id, a.Node, pvc.Namespace, handle, errkind.ErrDenied)
+	case snap.Namespace != pvc.Namespace:
+		return fmt.Errorf("snapshot %s was cut from a volume of namespace %s, not of the claim's namespace %s: %w", id, snap.Namespace, pvc.Namespace, errkind.ErrDenied)
 	}
 	return nil
+}
+
+// orNone is s, or "(none)".
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
 }
 
 // dataSource is the claim's data source, from dataSourceRef or dataSource.

@@ -84,6 +84,14 @@ const (
 	MigratedFrom = "podvol.io/migrated-from"
 )
 
+// SnapshotManagedBy is external-snapshotter's label of the
+// VolumeSnapshotContents (and podvol's group contents) that one node's
+// csi-snapshotter (--node-deployment) takes: snapshot-controller sets it
+// from the source PV's node, podvol-controller's snapshot-import and
+// group-snapshot-routing from a handle's or the members' node. No node may
+// change it (node-policy.yaml).
+const SnapshotManagedBy = "snapshot.storage.kubernetes.io/managed-by"
+
 // DataCopied is the condition a claim's node sets on it once the data a
 // restore or clone pulls from another node is in and verified (status
 // True, the message saying what moved). Besides telling the user, the

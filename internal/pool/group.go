@@ -80,6 +80,7 @@ func (p *Pool) CreateGroupSnapshot(r GroupRequest) (*store.Group, []*store.Snaps
 			FsType:    src.FsType,
 			State:     store.Creating,
 			Created:   now,
+			Namespace: src.Namespace,
 			GroupID:   g.ID,
 		}
 		g.Members = append(g.Members, store.GroupMember{SourceID: src.ID, SnapshotID: snaps[i].ID})

@@ -31,6 +31,7 @@ func (p *Pool) createImport(r CreateRequest) (*store.Volume, error) {
 		Parameters: r.Parameters,
 		State:      store.Importing,
 		Created:    time.Now().UTC(),
+		Namespace:  r.Namespace,
 		Source:     r.Source,
 		Import:     &imp,
 	}

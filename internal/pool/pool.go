@@ -234,8 +234,11 @@ type CreateRequest struct {
 	SizeBytes  int64
 	FsType     string
 	Parameters map[string]string
-	Source     *store.Source
-	Inline     *store.Inline
+	// Namespace is the namespace of the claim the volume is for, ""
+	// if not known (store.Volume.Namespace).
+	Namespace string
+	Source    *store.Source
+	Inline    *store.Inline
 	// Format makes the filesystem when the image is made, for a volume
 	// every capability of which mounts it: CreateVolume runs while
 	// kube-scheduler waits for the claim to be bound anyway, and
@@ -285,6 +288,7 @@ func (p *Pool) CreateVolume(ctx context.Context, r CreateRequest) (*store.Volume
 		Parameters: r.Parameters,
 		State:      store.Creating,
 		Created:    time.Now().UTC(),
+		Namespace:  r.Namespace,
 		Source:     r.Source,
 		Inline:     r.Inline,
 	}

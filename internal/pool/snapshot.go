@@ -80,6 +80,7 @@ func (p *Pool) CreateSnapshot(r SnapshotRequest) (*store.Snapshot, error) {
 		FsType:    src.FsType,
 		State:     store.Creating,
 		Created:   time.Now().UTC(),
+		Namespace: src.Namespace,
 		For:       r.For,
 	}
 	if r.For != nil {

@@ -28,6 +28,11 @@ type Snapshot struct {
 	// GroupID is the group snapshot this snapshot was cut in, if any:
 	// it is deleted with its group, not alone.
 	GroupID string `json:"groupId,omitempty"`
+	// Namespace is the namespace of the volume the snapshot was cut from
+	// (its Volume.Namespace, "" when not known): the data is that
+	// namespace's, and only its claims may pull it from another node
+	// (mobility.ClaimAuthorizer).
+	Namespace string `json:"namespace,omitempty"`
 	// For is the claim on another node that this snapshot was cut for, to
 	// be pulled from (a clone that moves): it is not a VolumeSnapshot's,
 	// and goes once the claim is bound or gone.

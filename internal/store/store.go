@@ -71,6 +71,12 @@ type Volume struct {
 	Parameters map[string]string `json:"parameters,omitempty"`
 	State      string            `json:"state"`
 	Created    time.Time         `json:"created"`
+	// Namespace is the namespace of the claim the volume was provisioned
+	// for (external-provisioner's csi.storage.k8s.io/pvc/namespace, with
+	// --extra-create-metadata); "" when not known: no such parameter, a
+	// volume made before podvol recorded it, an adopted or inline one.
+	// Its snapshots carry it (Snapshot.Namespace).
+	Namespace string `json:"namespace,omitempty"`
 	// Source is the snapshot or volume this one was made from.
 	Source *Source `json:"source,omitempty"`
 	// GrowFs is set when the image grew and the filesystem on it has not

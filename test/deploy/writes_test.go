@@ -359,7 +359,7 @@ func (e *env) testSnapshots(t *testing.T) {
 		return err
 	}
 	const annotate = `[{"op":"add","path":"/metadata/annotations","value":{"snapshot.storage.kubernetes.io/volumesnapshot-being-created":"yes"}}]`
-	const ready = `[{"op":"add","path":"/status","value":{"readyToUse":true,"snapshotHandle":"snap-1","restoreSize":1073741824}}]`
+	const ready = `[{"op":"add","path":"/status","value":{"readyToUse":true,"snapshotHandle":"snap-1@node-a","restoreSize":1073741824}}]`
 	allowed(t, e.nodeA, "annotate its node's snapshot content", patchVSC(e.nodeA, "content-a", annotate))
 	allowed(t, e.nodeA, "set its node's snapshot content ready", patchVSC(e.nodeA, "content-a", ready, "status"))
 	refused(t, e.nodeA, "annotate node-b's snapshot content", patchVSC(e.nodeA, "content-b", annotate), "is managed by node-b")
@@ -370,6 +370,112 @@ func (e *env) testSnapshots(t *testing.T) {
 		"asked: node-b")
 	refused(t, e.unbound, "annotate node-a's snapshot content", patchVSC(e.unbound, "content-a", annotate), "names no node")
 	allowed(t, e.admin, "set any snapshot content's status", patchVSC(e.admin, "content-b", ready, "status"))
+
+	e.testSnapshotHandles(t, patchVSC)
+}
+
+// testSnapshotHandles: a content's handle is what a restore of it gets (the
+// transfer source's authorizer, source-placement and external-provisioner
+// read it). Issue 41: node-1's token rewrote the handle of a content it
+// manages to name node-2, another id on node-2, and another id on node-1;
+// all three were accepted. A node sets it once, naming itself (or, for a
+// content made for an existing snapshot, as its spec says), and changes or
+// removes it never (but on a content being deleted, once its snapshot is).
+func (e *env) testSnapshotHandles(t *testing.T, patchVSC func(id *identity, name, patch string, sub ...string) error) {
+	setHandle := func(h string) string {
+		return `[{"op":"add","path":"/status","value":{"readyToUse":true,"snapshotHandle":"` + h + `"}}]`
+	}
+	changeHandle := func(h string) string {
+		return `[{"op":"replace","path":"/status/snapshotHandle","value":"` + h + `"}]`
+	}
+	const removeHandle = `[{"op":"remove","path":"/status/snapshotHandle"}]`
+	imported := vsc("content-imported", "node-a")
+	must(t, unstructured.SetNestedField(imported.Object, map[string]any{"snapshotHandle": "snap-7@node-a"}, "spec", "source"))
+	deleting := vsc("content-deleting", "node-a")
+	deleting.SetFinalizers([]string{"example.com/hold"})
+	for _, u := range []*unstructured.Unstructured{vsc("content-fresh", "node-a"), vsc("content-fresh2", "node-a"), imported, deleting} {
+		_, err := e.admin.dyn.Resource(vscGVR).Create(bg, u, metav1.CreateOptions{})
+		must(t, err)
+	}
+
+	refused(t, e.nodeA, "set its content's handle to node-b's snapshot", patchVSC(e.nodeA, "content-fresh", setHandle("snap-2@node-b"), "status"),
+		"only once, to a handle naming its own node", "asked: snap-2@node-b")
+	refused(t, e.nodeA, "set its content's handle to one naming no node", patchVSC(e.nodeA, "content-fresh", setHandle("snap-2"), "status"),
+		"asked: snap-2")
+	refused(t, e.nodeA, "set its content's handle to one naming node-a only as a suffix", patchVSC(e.nodeA, "content-fresh", setHandle("snap-2@xnode-a"), "status"),
+		"asked: snap-2@xnode-a")
+	allowed(t, e.nodeA, "set its content's handle to its own snapshot", patchVSC(e.nodeA, "content-fresh", setHandle("snap-2@node-a"), "status"))
+	refused(t, e.nodeA, "change its content's handle to another id of its own", patchVSC(e.nodeA, "content-fresh", changeHandle("snap-3@node-a"), "status"),
+		"has snap-2@node-a, asked: snap-3@node-a")
+	refused(t, e.nodeA, "change its content's handle to node-b's snapshot", patchVSC(e.nodeA, "content-fresh", changeHandle("snap-2@node-b"), "status"),
+		"has snap-2@node-a, asked: snap-2@node-b")
+	refused(t, e.nodeA, "remove its content's handle", patchVSC(e.nodeA, "content-fresh", removeHandle, "status"),
+		"has snap-2@node-a, asked: (none)")
+	allowed(t, e.nodeA, "mark its content ready again, the handle kept (csi-snapshotter's status patch)",
+		patchVSC(e.nodeA, "content-fresh", `[{"op":"replace","path":"/status/readyToUse","value":false}]`, "status"))
+	// Through an update of the whole object, as UpdateStatus does.
+	u, err := e.admin.dyn.Resource(vscGVR).Get(bg, "content-fresh2", metav1.GetOptions{})
+	must(t, err)
+	must(t, unstructured.SetNestedField(u.Object, "snap-4@node-b", "status", "snapshotHandle"))
+	_, err = e.nodeA.dyn.Resource(vscGVR).UpdateStatus(bg, u, metav1.UpdateOptions{})
+	refused(t, e.nodeA, "UpdateStatus its content with node-b's snapshot", err, "asked: snap-4@node-b")
+
+	refused(t, e.nodeA, "set an imported content's handle to another than its spec's", patchVSC(e.nodeA, "content-imported", setHandle("snap-8@node-a"), "status"),
+		"spec.source handle", "asked: snap-8@node-a")
+	allowed(t, e.nodeA, "set an imported content's handle to its spec's", patchVSC(e.nodeA, "content-imported", setHandle("snap-7@node-a"), "status"))
+
+	// csi-snapshotter clears the handle once it deleted the snapshot of a
+	// content being deleted, then drops its finalizer.
+	allowed(t, e.nodeA, "set the handle of a content to be deleted", patchVSC(e.nodeA, "content-deleting", setHandle("snap-5@node-a"), "status"))
+	must(t, e.admin.dyn.Resource(vscGVR).Delete(bg, "content-deleting", metav1.DeleteOptions{}))
+	allowed(t, e.nodeA, "remove the handle of its content being deleted", patchVSC(e.nodeA, "content-deleting", removeHandle, "status"))
+	_, err = e.admin.dyn.Resource(vscGVR).Patch(bg, "content-deleting", types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{})
+	must(t, err)
+
+	e.testGroupSnapshotHandles(t)
+}
+
+// testGroupSnapshotHandles: snapshot-controller makes a group's members'
+// contents, their handles, their volumes and the group handle their node is
+// read from all copied from the group content's status, which the group's
+// node writes: the same rule holds there.
+func (e *env) testGroupSnapshotHandles(t *testing.T) {
+	const vol1, vol2, other = "pv-111111111111111111111111", "pv-222222222222222222222222", "pv-333333333333333333333333"
+	group := func(name string) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotContent",
+			"metadata": map[string]any{"name": name, "labels": map[string]any{"snapshot.storage.kubernetes.io/managed-by": "node-a"}},
+			"spec": map[string]any{"driver": "podvol.io", "deletionPolicy": "Delete", "volumeGroupSnapshotClassName": "podvol",
+				"source":                 map[string]any{"volumeHandles": []any{vol1, vol2}},
+				"volumeGroupSnapshotRef": map[string]any{"namespace": "tenant", "name": name}},
+		}}
+	}
+	for _, name := range []string{"group-a", "group-b"} {
+		_, err := e.admin.dyn.Resource(vgscGVR).Create(bg, group(name), metav1.CreateOptions{})
+		must(t, err)
+	}
+	status := func(id *identity, name, handle string, members ...[2]string) error {
+		var list []map[string]any
+		for _, m := range members {
+			list = append(list, map[string]any{"volumeHandle": m[0], "snapshotHandle": m[1], "readyToUse": true})
+		}
+		b, err := json.Marshal([]map[string]any{{"op": "add", "path": "/status", "value": map[string]any{
+			"volumeGroupSnapshotHandle": handle, "readyToUse": true, "volumeSnapshotInfoList": list}}})
+		must(t, err)
+		_, err = id.dyn.Resource(vgscGVR).Patch(bg, name, types.JSONPatchType, b, metav1.PatchOptions{}, "status")
+		return err
+	}
+	refused(t, e.nodeA, "name node-b as its group's node", status(e.nodeA, "group-a", "group-1@node-b",
+		[2]string{vol1, "snap-1@node-a"}), "asked: group-1@node-b")
+	refused(t, e.nodeA, "list node-b's snapshot as a member of its group", status(e.nodeA, "group-a", "group-1@node-a",
+		[2]string{vol1, "snap-1@node-a"}, [2]string{vol2, "snap-2@node-b"}), "each a snapshot naming its own node")
+	refused(t, e.nodeA, "list a member of a volume not in its group", status(e.nodeA, "group-a", "group-1@node-a",
+		[2]string{other, "snap-1@node-a"}), "spec.source.volumeHandles")
+	allowed(t, e.nodeA, "complete its group", status(e.nodeA, "group-a", "group-1@node-a",
+		[2]string{vol1, "snap-1@node-a"}, [2]string{vol2, "snap-2@node-a"}))
+	_, err := e.nodeA.dyn.Resource(vgscGVR).Patch(bg, "group-a", types.JSONPatchType,
+		[]byte(`[{"op":"replace","path":"/status/volumeSnapshotInfoList/1/snapshotHandle","value":"snap-3@node-a"}]`), metav1.PatchOptions{}, "status")
+	refused(t, e.nodeA, "change a member of its group", err, "never change them")
 }
 
 func (e *env) testCapacity(t *testing.T) {

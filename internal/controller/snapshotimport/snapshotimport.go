@@ -30,12 +30,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/podvol/podvol/internal/names"
 	"github.com/podvol/podvol/internal/snaphandle"
 )
 
 // ManagedBy is the label by which a node's csi-snapshotter picks its
 // contents (external-snapshotter's distributed snapshotting).
-const ManagedBy = "snapshot.storage.kubernetes.io/managed-by"
+const ManagedBy = names.SnapshotManagedBy
 
 // Event reasons.
 const (
