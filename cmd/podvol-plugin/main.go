@@ -43,8 +43,8 @@ func main() {
 		endpoint    = flag.String("endpoint", "unix:///run/podvol/csi.sock", "CSI endpoint: unix:///path/to/csi.sock")
 		nodeID      = flag.String("node-id", "", "name of this node (required); volumes carry it as topology "+names.TopologyKey)
 		poolDir     = flag.String("pool-dir", "/var/lib/podvol", "directory of the pool named default (volume images and the metadata store); with --pool, served only when set")
-		capacity    = flag.String("capacity", "", "capacity of --pool-dir's pool, e.g. 20Gi; default: what the filesystem holding it can give its volumes (its free space less its reserves, plus what the pool's images hold, less a margin for their block maps and the metadata store); more is refused at start unless --force-capacity")
-		forceCap    = flag.Bool("force-capacity", false, "start with a pool capacity (--capacity, --pool ...,capacity=) above what the pool's filesystem can give its volumes; writes inside volumes may then fail with ENOSPC although the volume is not full")
+		capacity    = flag.String("capacity", "", "capacity of --pool-dir's pool, e.g. 20Gi; default: what the filesystem holding it can give its volumes (its free space less its reserves, plus what the pool's images hold, less a margin for their block maps and the metadata store); more is refused at start unless --force-capacity, or, once the node's pools hold volumes, reduced to that figure")
+		forceCap    = flag.Bool("force-capacity", false, "start with a pool capacity (--capacity, --pool ...,capacity=) above what the pool's filesystem can give its volumes, and keep it (neither refused nor reduced); writes inside volumes may then fail with ENOSPC although the volume is not full")
 		lockWait    = flag.Duration("pool-lock-wait", time.Minute, "how long to wait at start for another podvol-plugin holding a pool to let go (a plugin pod being replaced by another DaemonSet's); past it the start fails")
 		inlinePools = flag.String("inline-pools", pool.DefaultName, "comma-separated pools inline ephemeral volumes may name (volumeAttributes pool): no StorageClass, quota or scheduler stands between a pod and them")
 		forgetPools = flag.String("forget-pool", "", "comma-separated names of pools served before that are gone for good with their volumes: start without them (refused otherwise)")
@@ -249,7 +249,7 @@ func run(c config) error {
 		}
 		total, allocated := p.Capacity()
 		room := p.Room()
-		klog.InfoS("Pool ready", "pool", p.Name(), "dir", p.Dir(), "capacityBytes", total, "allocatedBytes", allocated,
+		klog.InfoS("Pool ready", "pool", p.Name(), "dir", p.Dir(), "capacityBytes", total, "configuredCapacityBytes", p.ConfiguredCapacity(), "allocatedBytes", allocated,
 			"roomBytes", room.Bytes(), "filesystemFreeBytes", room.Free, "imagesBytes", room.Images, "keptBytes", room.Kept())
 		if allocated > total {
 			klog.ErrorS(nil, "The pool's volumes and snapshots were promised more than its capacity (the filesystem has less room than when they were admitted, or the capacity was lowered): they stay, and the pool admits nothing more until enough of them are deleted",
@@ -318,7 +318,7 @@ func run(c config) error {
 				total, allocated := p.Capacity()
 				refused, _ := n.DirectIORefused()
 				return metrics.PoolStats{
-					CapacityBytes: total, AllocatedBytes: allocated,
+					CapacityBytes: total, ConfiguredCapacityBytes: p.ConfiguredCapacity(), AllocatedBytes: allocated,
 					Volumes: u.Volumes - u.InlineVolumes, InlineVolumes: u.InlineVolumes, Snapshots: u.Snapshots,
 					DirectIORefused: refused,
 				}, nil

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math/big"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,7 +18,7 @@ import (
 // poolSpec is one pool of the command line.
 type poolSpec struct {
 	name, dir string
-	capacity  int64 // 0: the size of the filesystem holding dir
+	capacity  int64 // 0: what the filesystem holding dir can give (pool.Room)
 	// nodeLabels the node must have for the pool to be served on it;
 	// none: every node.
 	nodeLabels map[string]string
@@ -189,15 +190,26 @@ func checkFilesystems(specs []poolSpec) error {
 // logged and kept. A pool with no capacity given takes its room, so it
 // passes (and shares no filesystem: checkFilesystems). rooms and fsIDs are
 // the pools', by index of specs: their measure and their filesystem.
-func checkCapacities(specs []poolSpec, rooms []pool.Room, fsIDs []uint64, force bool) error {
+//
+// The refusal is for a configuration that is wrong from the start: a new
+// node, a new pool. held says the plugin's pools hold volumes or
+// snapshots; refusing to start then would not correct a configuration but
+// take the node's pods their volumes' mounts, for as long as the filesystem
+// stays full of other files (logs, images) that filled it after the pools
+// were sized. Then each such pool is logged and served with its capacity
+// lowered to what the filesystem can give (pools on one filesystem share
+// that in proportion to what they were given): reduced holds it by index of
+// specs.
+func checkCapacities(specs []poolSpec, rooms []pool.Room, fsIDs []uint64, held, force bool) (reduced map[int]int64, err error) {
 	var errs []error
+	reduced = map[int]int64{}
 	done := map[uint64]bool{}
 	for i, s := range specs {
 		if s.capacity == 0 || done[fsIDs[i]] {
 			continue
 		}
 		done[fsIDs[i]] = true
-		room, given, names := pool.Room{}, int64(0), []string{}
+		room, given, names, group := pool.Room{}, int64(0), []string{}, []int{}
 		for j := i; j < len(specs); j++ {
 			if fsIDs[j] != fsIDs[i] {
 				continue
@@ -209,6 +221,7 @@ func checkCapacities(specs []poolSpec, rooms []pool.Room, fsIDs []uint64, force 
 			}
 			given += specs[j].capacity
 			names = append(names, fmt.Sprintf("%s (%s)", specs[j].name, humanQuantity(specs[j].capacity)))
+			group = append(group, j)
 		}
 		if given <= room.Bytes() {
 			continue
@@ -221,13 +234,29 @@ func checkCapacities(specs []poolSpec, rooms []pool.Room, fsIDs []uint64, force 
 			err = fmt.Errorf("pools %s are on one filesystem and given %s together, more than it can give their volumes, %s; volumes written whole would find the filesystem full, and writes inside them fail with ENOSPC although no volume is full: give them at most %s together, make room on the filesystem, or pass --force-capacity to promise it anyway",
 				strings.Join(names, ", "), humanQuantity(given), room, humanQuantity(room.Bytes()))
 		}
-		if !force {
+		switch {
+		case force:
+			klog.ErrorS(err, "Capacity forced (--force-capacity): promised anyway")
+		case !held:
 			errs = append(errs, err)
-			continue
+		default:
+			var to []string
+			for _, j := range group {
+				reduced[j] = share(specs[j].capacity, room.Bytes(), given)
+				to = append(to, fmt.Sprintf("%s: %s", specs[j].name, humanQuantity(reduced[j])))
+			}
+			klog.ErrorS(err, "The node's pools hold volumes, so the plugin starts rather than refuse (its pods would lose their volumes' mounts): it serves with the capacity reduced to what the filesystem can give, admits nothing beyond it, and reports PoolCapacityReduced until room is made and the plugin restarted",
+				"reducedTo", strings.Join(to, ", "))
 		}
-		klog.ErrorS(err, "Capacity forced (--force-capacity): promised anyway")
 	}
-	return errors.Join(errs...)
+	return reduced, errors.Join(errs...)
+}
+
+// share is given's share of room, of total given on one filesystem
+// (given <= total), in whole MiB. Exact: given*room may exceed 64 bits.
+func share(given, room, total int64) int64 {
+	q := new(big.Int).Mul(big.NewInt(given), big.NewInt(room))
+	return q.Quo(q, big.NewInt(total)).Int64() &^ (1<<20 - 1)
 }
 
 // humanQuantity is n bytes as a quantity a flag takes (2Gi, 1500Mi).
@@ -236,16 +265,29 @@ func humanQuantity(n int64) string {
 }
 
 // checkOpenedCapacities is checkCapacities on the opened pools, each in the
-// order of specs.
+// order of specs, and lowers the capacities it reduces.
 func checkOpenedCapacities(specs []poolSpec, opened []*pool.Pool, force bool) error {
 	rooms := make([]pool.Room, len(opened))
 	fsIDs := make([]uint64, len(opened))
+	held := false
 	for i, p := range opened {
 		var st unix.Stat_t
 		if err := unix.Stat(p.Dir(), &st); err != nil {
 			return fmt.Errorf("pool %s: %w", p.Name(), err)
 		}
 		rooms[i], fsIDs[i] = p.Room(), st.Dev
+		// Any record: an inline volume, one being deleted, a snapshot
+		// whose volume is gone are data or mounts too.
+		if u := p.Store().Usage(); u.Volumes+u.Snapshots > 0 {
+			held = true
+		}
 	}
-	return checkCapacities(specs, rooms, fsIDs, force)
+	reduced, err := checkCapacities(specs, rooms, fsIDs, held, force)
+	if err != nil {
+		return err
+	}
+	for i, c := range reduced {
+		opened[i].ReduceCapacity(c)
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -128,12 +129,52 @@ func TestCheckCapacities(t *testing.T) {
 		for i := range rooms {
 			rooms[i] = room
 		}
-		err := checkCapacities(c.specs, rooms, c.fs, false)
+		reduced, err := checkCapacities(c.specs, rooms, c.fs, false, false)
 		if (err == nil) != (c.want == "") || err != nil && !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v on filesystems %v: %v, want %q", c.specs, c.fs, err, c.want)
 		}
-		if err := checkCapacities(c.specs, rooms, c.fs, true); err != nil {
-			t.Errorf("%v forced: %v", c.specs, err)
+		if err == nil && len(reduced) > 0 {
+			t.Errorf("%v on filesystems %v: reduced %v", c.specs, c.fs, reduced)
+		}
+		if reduced, err := checkCapacities(c.specs, rooms, c.fs, false, true); err != nil || len(reduced) > 0 {
+			t.Errorf("%v forced: %v, reduced %v", c.specs, err, reduced)
+		}
+	}
+}
+
+// Pools that hold volumes start whatever their capacities: a pool given
+// more than its filesystem can give is served with that, pools on one
+// filesystem share it in proportion to what they were given, the others
+// keep theirs; --force-capacity keeps every capacity as given.
+func TestCheckCapacitiesOfPoolsHoldingVolumes(t *testing.T) {
+	const mi = 1 << 20
+	room := pool.Room{Free: 900 * mi, Store: 16 * mi, BlockSize: 4096} // 876 MiB
+	spec := func(name string, capacity int64) poolSpec {
+		return poolSpec{name: name, dir: "/" + name, capacity: capacity}
+	}
+	for _, c := range []struct {
+		specs []poolSpec
+		fs    []uint64
+		rooms []pool.Room
+		want  map[int]int64
+	}{
+		{[]poolSpec{spec("default", 877*mi)}, []uint64{1}, []pool.Room{room}, map[int]int64{0: 876 * mi}},
+		// A filesystem full of other files: nothing more is admitted.
+		{[]poolSpec{spec("default", 877*mi)}, []uint64{1}, []pool.Room{{Free: 10 * mi, Store: 16 * mi}}, map[int]int64{0: 0}},
+		{[]poolSpec{spec("a", 800*mi), spec("b", 2000*mi), spec("c", 0)}, []uint64{1, 2, 3}, []pool.Room{room, room, room}, map[int]int64{1: 876 * mi}},
+		// 860 MiB for both (one free space, two stores): a third and
+		// two, in whole MiB.
+		{[]poolSpec{spec("a", 300*mi), spec("b", 600*mi)}, []uint64{1, 1}, []pool.Room{room, room}, map[int]int64{0: 286 * mi, 1: 573 * mi}},
+		// Exabytes given: the share does not overflow (half the room of
+		// 1 PiB free less its maps, 1065353215 MiB).
+		{[]poolSpec{spec("a", 1<<60), spec("b", 1<<60)}, []uint64{1, 1}, []pool.Room{{Free: 1 << 50, BlockSize: 4096}, {Free: 1 << 50, BlockSize: 4096}}, map[int]int64{0: 532676607 * mi, 1: 532676607 * mi}},
+	} {
+		reduced, err := checkCapacities(c.specs, c.rooms, c.fs, true, false)
+		if err != nil || !maps.Equal(reduced, c.want) {
+			t.Errorf("%v holding volumes: %v, reduced %v; want %v", c.specs, err, reduced, c.want)
+		}
+		if reduced, err := checkCapacities(c.specs, c.rooms, c.fs, true, true); err != nil || len(reduced) > 0 {
+			t.Errorf("%v forced: %v, reduced %v", c.specs, err, reduced)
 		}
 	}
 }

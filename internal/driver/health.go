@@ -77,9 +77,10 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
 }
 
-// NodeGetStorageHealth reports on each pool: whether it can serve, and
-// whether its filesystem can still hold everything the volumes were
-// promised. Each entry names its pool.
+// NodeGetStorageHealth reports on each pool: whether it can serve, whether
+// its filesystem can still hold everything the volumes were promised, and
+// whether its capacity was reduced at start to what the filesystem could
+// give. Each entry names its pool.
 func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
 	resp := &csi.NodeGetStorageHealthResponse{}
 	err := d.eachPool(func(pl *Pool) error {
@@ -98,6 +99,9 @@ func (d *Driver) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStora
 		}
 		if free < promised {
 			add(csi.StorageHealthErrorType_STORAGE_DEGRADED, "PoolOvercommitted", "the pool filesystem has %d bytes free, but volumes and snapshots may still write %d into their sparse images: writes may fail with ENOSPC; give the pool its own filesystem or lower its capacity", free, promised)
+		}
+		if total, _ := pl.Pool.Capacity(); total < pl.Pool.ConfiguredCapacity() {
+			add(csi.StorageHealthErrorType_STORAGE_DEGRADED, "PoolCapacityReduced", "its capacity, %d bytes given, was reduced to %d at the plugin's start, all its filesystem could give its volumes then (%s): other files fill it, and volumes beyond that are refused (RESOURCE_EXHAUSTED); make room on the filesystem and restart the plugin, or lower the capacity given", pl.Pool.ConfiguredCapacity(), total, pl.Pool.Room())
 		}
 		if n, last := pl.Node.DirectIORefused(); n > 0 {
 			add(csi.StorageHealthErrorType_STORAGE_DEGRADED, "DirectIORefused", "the pool filesystem refused direct I/O for %d loop device(s) since the plugin started (the last: %s): they work, through the host's page cache, which holds a second copy of their data that no pod's memory limit counts; put the pool on a filesystem that takes O_DIRECT (ext4, xfs), or start the plugin with --direct-io=false to stop asking", n, last)

@@ -19,6 +19,10 @@ type PoolStats struct {
 	CapacityBytes, AllocatedBytes int64
 	Volumes, InlineVolumes        int
 	Snapshots                     int
+	// ConfiguredCapacityBytes is the capacity the pool was given (its
+	// room at start when none was): above CapacityBytes when the start
+	// reduced it to what the pool's filesystem could give.
+	ConfiguredCapacityBytes int64
 	// DirectIORefused counts loop devices attached buffered since the
 	// start because the pool's filesystem refused direct I/O.
 	DirectIORefused int64
@@ -78,12 +82,15 @@ var (
 	refusedDesc   = prometheus.NewDesc("podvol_loop_direct_io_refused_total", "Loop devices attached through the host's page cache because the pool's filesystem refused direct I/O.", nil, nil)
 )
 
+var configuredDesc = prometheus.NewDesc("podvol_pool_configured_capacity_bytes",
+	"Capacity the pool was given (--capacity, --pool ...,capacity=; without one, what its filesystem could give at start). Above podvol_pool_capacity_bytes when the plugin's start reduced it to what the filesystem could give (NodeGetStorageHealth: PoolCapacityReduced).", nil, nil)
+
 type poolCollector struct {
 	stats func() (PoolStats, error)
 }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{capacityDesc, allocatedDesc, freeDesc, volumesDesc, snapshotsDesc, refusedDesc} {
+	for _, d := range []*prometheus.Desc{capacityDesc, configuredDesc, allocatedDesc, freeDesc, volumesDesc, snapshotsDesc, refusedDesc} {
 		ch <- d
 	}
 }
@@ -95,6 +102,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(s.CapacityBytes))
+	ch <- prometheus.MustNewConstMetric(configuredDesc, prometheus.GaugeValue, float64(s.ConfiguredCapacityBytes))
 	ch <- prometheus.MustNewConstMetric(allocatedDesc, prometheus.GaugeValue, float64(s.AllocatedBytes))
 	ch <- prometheus.MustNewConstMetric(freeDesc, prometheus.GaugeValue, float64(max(s.CapacityBytes-s.AllocatedBytes, 0)))
 	ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.Volumes), "persistent")

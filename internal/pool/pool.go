@@ -35,7 +35,8 @@ type Config struct {
 	// Capacity in bytes; 0 takes what the filesystem holding Dir can give
 	// the pool's images (Room.Bytes). A capacity above that is not
 	// refused here: the caller compares it with Pool.Room, where it can
-	// add up the pools that share a filesystem.
+	// add up the pools that share a filesystem, and refuses it or lowers
+	// it (ReduceCapacity).
 	Capacity int64
 	// UnknownImages is what to do with images the store has no record
 	// of: UnknownRefuse (the default), UnknownAdopt or UnknownDelete.
@@ -61,6 +62,10 @@ type Pool struct {
 	store    *store.Store
 	reflink  bool
 	dev      device.Interface
+	// configured is the capacity the pool was given (Config.Capacity), or
+	// its room at open when none was: above capacity once ReduceCapacity
+	// lowered it.
+	configured int64
 	// loopTag names this pool to the kernel in each loop device it
 	// attaches (device.LoopOptions.Tag): see LoopTag.
 	loopTag string
@@ -134,6 +139,7 @@ func Open(cfg Config) (*Pool, error) {
 	if p.capacity == 0 {
 		p.capacity = p.room.Bytes()
 	}
+	p.configured = p.capacity
 	return p, nil
 }
 
@@ -206,11 +212,27 @@ func (p *Pool) Capacity() (total, allocated int64) {
 	return p.capacity, u.VolumeBytes + u.SnapshotBytes
 }
 
+// ReduceCapacity lowers the pool's capacity to c, when its filesystem
+// cannot give it the one it was given (ConfiguredCapacity keeps that) and
+// refusing to start would cost volumes their mounts: cmd/podvol-plugin's
+// checkCapacities. Only before the pool serves: Capacity reads it unlocked.
+func (p *Pool) ReduceCapacity(c int64) {
+	p.capacity = min(p.capacity, c)
+}
+
+// ConfiguredCapacity is the capacity the pool was given, or its room at open
+// when none was: more than Capacity's total once ReduceCapacity lowered it.
+func (p *Pool) ConfiguredCapacity() int64 { return p.configured }
+
 // admit checks that more bytes fit. The caller holds p.mu and records the
 // allocation before releasing it.
 func (p *Pool) admit(more int64) error {
 	total, allocated := p.Capacity()
 	if free := total - allocated; more > free {
+		if p.configured > total {
+			return fmt.Errorf("requested %d bytes, %d of %d free: the pool's capacity, %d given, was reduced to %d at the plugin's start, all its filesystem could give it (other files fill it): make room on that filesystem and restart the plugin: %w",
+				more, max(free, 0), total, p.configured, total, errkind.ErrNoSpace)
+		}
 		return fmt.Errorf("requested %d bytes, %d of %d free: %w", more, max(free, 0), total, errkind.ErrNoSpace)
 	}
 	return nil

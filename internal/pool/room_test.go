@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/podvol/podvol/internal/device/devicetest"
@@ -105,5 +106,27 @@ func TestPoolPromisedBeyondItsRoomOpens(t *testing.T) {
 	must(t, p.DeleteVolume(ctx, v.ID))
 	if _, err := p.CreateVolume(ctx, pool.CreateRequest{Name: "small", SizeBytes: MiB}); err != nil {
 		t.Fatalf("once the volume is deleted: %v", err)
+	}
+}
+
+// A capacity the start reduces (cmd/podvol-plugin: a filesystem others
+// filled below it) admits up to the reduced figure, keeps the one given,
+// and says so in what it refuses.
+func TestReducedCapacity(t *testing.T) {
+	dev := devicetest.New()
+	p, err := pool.Open(pool.Config{Dir: filepath.Join(t.TempDir(), "pool"), Device: dev, Capacity: 10 * GiB})
+	must(t, err)
+	t.Cleanup(func() { must(t, p.Close()) })
+	p.ReduceCapacity(100 * MiB)
+	p.ReduceCapacity(200 * MiB) // never raised
+	if total, _ := p.Capacity(); total != 100*MiB || p.ConfiguredCapacity() != 10*GiB {
+		t.Fatalf("capacity %d, configured %d", total, p.ConfiguredCapacity())
+	}
+	_, err = p.CreateVolume(ctx, pool.CreateRequest{Name: "big", SizeBytes: 101 * MiB})
+	if !errors.Is(err, errkind.ErrNoSpace) || !strings.Contains(err.Error(), "was reduced to 104857600 at the plugin's start") {
+		t.Fatalf("a volume beyond the reduced capacity: %v", err)
+	}
+	if _, err := p.CreateVolume(ctx, pool.CreateRequest{Name: "fits", SizeBytes: 100 * MiB}); err != nil {
+		t.Fatalf("a volume within the reduced capacity: %v", err)
 	}
 }

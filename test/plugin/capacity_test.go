@@ -3,8 +3,11 @@ package plugin_test
 import (
 	"crypto/rand"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -166,4 +169,95 @@ func (e *env) assertCleanBut(poolDir string) {
 	if len(l)+len(m) > 0 {
 		e.t.Fatalf("leftovers: loop devices %v, mounts %v", l, m)
 	}
+}
+
+// TestFilledPoolWithVolumesStillStarts: a pool that holds volumes, whose
+// filesystem other files then fill below its --capacity, still starts (a
+// restart that refused would leave every pod of the node without its
+// volumes' mounts): its volumes stage, it admits nothing beyond what the
+// filesystem can give (GetCapacity says so, CreateVolume beyond it is
+// RESOURCE_EXHAUSTED), and it reports PoolCapacityReduced in its health,
+// its metrics and its log. (A pool holding nothing is still refused:
+// TestCapacityAboveTheRoomIsRefused.)
+func TestFilledPoolWithVolumesStillStarts(t *testing.T) {
+	plugintest.RequireRoot(t)
+	dir := plugintest.TempDir(t)
+	mnt := plugintest.FilesystemPool(t, dir, "xfs", 512<<20)
+	const given = 300 << 20
+	e := start(t, plugintest.Options{Dir: dir, NodeID: node, PoolDir: filepath.Join(mnt, "pool"), Capacity: plugintest.RoomCapacity,
+		Args: []string{"--capacity", "300Mi", "--metrics-address", "127.0.0.1:0"}})
+	id := e.create("v", 64<<20, rwo, nil).GetVolumeId()
+	e.up(id, rwo)
+	writeFile(t, filepath.Join(e.target(id), "f"), "data")
+	e.must("NodeUnpublishVolume", e.unpublish(id))
+	e.must("NodeUnstageVolume", e.unstage(id))
+	e.p.Stop()
+
+	// Logs, images: 200 MiB of the filesystem the pool does not own.
+	f, err := os.Create(filepath.Join(mnt, "foreign.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = unix.Fallocate(int(f.Fd()), 0, 0, 200<<20)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	e.p.Restart()
+	e.up(id, rwo)
+	if got := readFile(t, filepath.Join(e.target(id), "f")); got != "data" {
+		t.Fatalf("the volume's file after the restart: %q", got)
+	}
+
+	var st unix.Statfs_t
+	if err := unix.Statfs(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.p.Controller().GetCapacity(ctx(t), &csi.GetCapacityRequest{})
+	e.must("GetCapacity", err)
+	avail := r.GetAvailableCapacity()
+	if fsFree := int64(st.Bavail) * st.Bsize; avail <= 0 || avail > fsFree || avail+64<<20 >= given {
+		t.Fatalf("GetCapacity: %d MiB available with 64 MiB allocated and %d MiB free on the filesystem: want less than the free space", avail>>20, fsFree>>20)
+	}
+	_, err = e.p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "beyond", CapacityRange: &csi.CapacityRange{RequiredBytes: avail + 1<<20},
+		VolumeCapabilities: []*csi.VolumeCapability{blockCap()}})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "reduced") {
+		t.Fatalf("CreateVolume beyond the filesystem's room: %v, want RESOURCE_EXHAUSTED saying the capacity was reduced", err)
+	}
+	within := e.create("within", avail, blockCap(), nil).GetVolumeId()
+
+	h, err := e.p.Node().NodeGetStorageHealth(ctx(t), &csi.NodeGetStorageHealthRequest{})
+	e.must("NodeGetStorageHealth", err)
+	var reasons []string
+	for _, b := range h.GetBackendHealth() {
+		reasons = append(reasons, b.GetStatus().String()+"/"+b.GetReason()+": "+b.GetMessage())
+	}
+	if len(reasons) != 1 || !strings.HasPrefix(reasons[0], "STORAGE_DEGRADED/PoolCapacityReduced: pool default: ") {
+		t.Fatalf("NodeGetStorageHealth: %q, want PoolCapacityReduced", reasons)
+	}
+	if !strings.Contains(e.p.Log(), "its capacity, 300Mi, is more than the filesystem") {
+		t.Errorf("the start did not log the reduction:\n%s", e.p.Log())
+	}
+	m := regexp.MustCompile(`"Serving metrics" address="([^"]+)"`).FindStringSubmatch(e.p.Log())
+	if m == nil {
+		t.Fatalf("no metrics address in the log:\n%s", e.p.Log())
+	}
+	resp, err := http.Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	labels := `{node="` + node + `",pool="default"} `
+	if !strings.Contains(string(body), "\npodvol_pool_configured_capacity_bytes"+labels+"3.145728e+08\n") ||
+		!strings.Contains(string(body), fmt.Sprintf("\npodvol_pool_capacity_bytes%s%g\n", labels, float64(avail+64<<20))) {
+		t.Fatalf("metrics: want the configured capacity, 300 MiB, and the capacity reduced to %d MiB:\n%s", (avail+64<<20)>>20, body)
+	}
+
+	e.must("DeleteVolume", e.delete(within))
+	e.down(id)
+	e.assertCleanBut(mnt)
 }
