@@ -340,9 +340,10 @@ func ForceClean(dir string) {
 // returns its output.
 func RunOnce(t testing.TB, args ...string) (string, error) {
 	t.Helper()
+	bin := Binary(t) // built first: the build is not the run's to time
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, Binary(t), args...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
 	return string(out), err
 }
 
