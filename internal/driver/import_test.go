@@ -245,7 +245,15 @@ func TestCutForMove(t *testing.T) {
 	}
 	_, err = f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwop()})
 	wantCode(t, err, codes.FailedPrecondition, "stage of a volume moving for the new copy")
-	if err := p.ClearMoving(id); err != nil {
+	// A sweep that judged the first copy's mark over, but read the
+	// volume before the new copy took it, clears nothing: the new copy's
+	// mark stays, and the volume still cannot be staged.
+	if err := p.ClearMoving(id, "0b1c2d3e-0000-4000-8000-00000000000b"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwop()})
+	wantCode(t, err, codes.FailedPrecondition, "stage of a volume moving for the new copy, after a stale clear of the old copy's mark")
+	if err := p.ClearMoving(id, other.UID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwop()}); err != nil {

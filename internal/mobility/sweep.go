@@ -243,7 +243,7 @@ func (s *Sweeper) sweepMoving(ctx context.Context, p *pool.Pool) {
 		if migrating {
 			continue
 		}
-		if err := p.ClearMoving(v.ID); err != nil {
+		if err := p.ClearMoving(v.ID, v.Moving.Claim.UID); err != nil {
 			klog.ErrorS(err, "Cannot let a volume whose migration was cancelled be staged again", "volume", v.ID)
 			continue
 		}

@@ -205,10 +205,15 @@ func (p *Pool) MarkMoving(id string, claim store.Claim) (*store.Volume, error) {
 	})
 }
 
-// ClearMoving lets volume id be staged again (its migration was cancelled).
-func (p *Pool) ClearMoving(id string) error {
+// ClearMoving lets volume id be staged again (its migration was cancelled),
+// if the mark is still the one of the copy claimUID: one a new copy took
+// over since the caller read the volume stays (its last copy may be under
+// way, and a write staged meanwhile would not follow it).
+func (p *Pool) ClearMoving(id, claimUID string) error {
 	_, err := p.store.Update(id, func(v *store.Volume) error {
-		v.Moving = nil
+		if v.Moving != nil && v.Moving.Claim.UID == claimUID {
+			v.Moving = nil
+		}
 		return nil
 	})
 	return err

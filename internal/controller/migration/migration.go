@@ -923,7 +923,13 @@ func (r *Reconciler) restoreReclaimResult(ctx context.Context, pv *corev1.Persis
 // copy's PV is pointed at the deleted claim (so the PV controller releases
 // it and, by its policy, deletes it), the copy's claim goes if it is still
 // there, both PVs get their policies back, and the stash (if any) goes.
+// It cannot be taken back, and each reason for it is read off the PV: a
+// cache that lags may not show the switch's own deletion of the claim
+// recorded yet, so it acts only on the PV as the API has it.
 func (r *Reconciler) abandonSwitch(ctx context.Context, pv, newPV *corev1.PersistentVolume, stash *corev1.ConfigMap, why string) (reconcile.Result, error) {
+	if stale, err := r.stale(ctx, pv); err != nil || stale {
+		return reconcile.Result{RequeueAfter: time.Second}, err
+	}
 	ref := pv.Spec.ClaimRef
 	oldUID := ref.UID
 	if stash != nil {

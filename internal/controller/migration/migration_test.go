@@ -382,3 +382,36 @@ func TestCordonChanged(t *testing.T) {
 		}
 	}
 }
+
+// A switch read from a cache that lags abandons nothing: the claim the
+// switch itself deleted (recorded on the PV, which the cache does not show
+// yet) is not taken for one its user deleted, so the copy's PV is neither
+// pointed at the old claim (released, then deleted) nor the stash dropped.
+func TestSwitchOnALaggingCacheAbandonsNothing(t *testing.T) {
+	ctx := context.Background()
+	cached := copying("node-b")
+	cached.Annotations[names.MigrationPhase] = names.MigrationSwitching
+	cached.Annotations[names.MigrationVolume] = "pv-new"
+	cached.Annotations[names.MigrationReclaim] = "Delete"
+	cached.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+	live := cached.DeepCopy()
+	live.Annotations[names.MigrationClaimDeleted] = string(claimID)
+	live.ResourceVersion = "1000"
+	newPV := pvOn("pv-new", "node-b", "pv-0123456789abcdef0123456f", &corev1.ObjectReference{Namespace: ns, Name: "data-db-0"})
+	newPV.Annotations = map[string]string{names.MigratedFrom: "pv-old", names.MigrationReclaim: "Delete"}
+	newPV.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+	stash := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: stashNS, Name: stashName("pv-old"),
+		Annotations: map[string]string{names.StashClaim: ns + "/data-db-0", names.StashOldUID: string(claimID)}},
+		Data: map[string]string{stashKey: `{"metadata":{"namespace":"team-a","name":"data-db-0"},"spec":{"volumeName":"pv-new"}}`}}
+	e := newEnv(t, node("node-a", true), node("node-b", false), cached, newPV, stash)
+	e.r.APIReader = fake.NewClientBuilder().WithObjects(live, newPV.DeepCopy()).Build()
+	e.reconcile(t)
+	got := e.pv(t, "pv-new")
+	if got.Spec.ClaimRef.UID != "" || got.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain {
+		t.Fatalf("the copy's PV after a switch read from a lagging cache: claimRef %+v, policy %s; want it still pre-bound, Retain (events: %s)",
+			got.Spec.ClaimRef, got.Spec.PersistentVolumeReclaimPolicy, e.events())
+	}
+	if err := e.c.Get(ctx, client.ObjectKeyFromObject(stash), &corev1.ConfigMap{}); err != nil {
+		t.Fatalf("the stash: %v, want it kept", err)
+	}
+}
