@@ -33,6 +33,7 @@ import (
 	"github.com/podvol/podvol/internal/node"
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/registration"
+	"github.com/podvol/podvol/internal/transfer"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -67,6 +68,7 @@ func main() {
 		trimEvery   = flag.Duration("trim-interval", time.Hour, "with --discard="+node.DiscardFstrim+", how often staged volumes are trimmed; 0: only at unstage")
 		xferAddr    = flag.String("transfer-address", "", "address to serve transfers of volumes' data to other nodes' plugins on, e.g. :9816 (mutual TLS with node certificates from podvol-controller's transfer-signer); its port is where this plugin reaches other nodes' too; empty: off (a restore from another node's snapshot is then NOT_FOUND)")
 		xferRate    = flag.String("transfer-rate-limit", "0", "bytes per second this node serves to all transfers together, e.g. 200Mi; 0: no limit")
+		xferIdle    = flag.Duration("transfer-idle-timeout", transfer.DefaultIdleTimeout, "a pull whose source sends nothing for this long (no answer, no next chunk of at most 1 MiB) fails and is retried; it must exceed a chunk's time at the slowest rate a pull gets")
 		namespace   = flag.String("namespace", os.Getenv("POD_NAMESPACE"), "podvol's namespace, where the transfer CA's ConfigMap is (with --transfer-address)")
 		showVersion = flag.Bool("version", false, "print the version and exit")
 	)
@@ -102,7 +104,7 @@ func main() {
 		metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
 		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery,
-		transferAddr: *xferAddr, transferRate: *xferRate, namespace: *namespace}
+		transferAddr: *xferAddr, transferRate: *xferRate, transferIdle: *xferIdle, namespace: *namespace}
 	if err := run(cfg); err != nil {
 		klog.ErrorS(err, "podvol-plugin failed")
 		klog.Flush()
@@ -129,6 +131,7 @@ type config struct {
 	discard                           string
 	trimInterval                      time.Duration
 	transferAddr, transferRate        string
+	transferIdle                      time.Duration
 	namespace                         string
 }
 

@@ -50,6 +50,9 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	if err != nil || q.Value() < 0 {
 		return nil, nil, nil, fmt.Errorf("--transfer-rate-limit %q: want bytes per second such as 200Mi, or 0", c.transferRate)
 	}
+	if c.transferIdle <= 0 {
+		return nil, nil, nil, fmt.Errorf("--transfer-idle-timeout must be positive")
+	}
 	var limiter *rate.Limiter
 	if q.Value() > 0 {
 		limiter = rate.NewLimiter(rate.Limit(q.Value()), max(int(q.Value()), transfer.ChunkSize))
@@ -97,7 +100,8 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 		}()
 		go (&mobility.Sweeper{Client: kc, Pools: pools, Delete: deleteUnclaimed}).Run(ctx)
 	}
-	im = &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc, Driver: names.Driver, Warnings: warnings}
+	im = &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc, Driver: names.Driver, Warnings: warnings,
+		IdleTimeout: c.transferIdle}
 	im.Start(ctx, pools)
 	klog.InfoS("Transfers on", "address", c.transferAddr, "rateLimitBytesPerSecond", q.Value())
 	return im, srv, serve, nil

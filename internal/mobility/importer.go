@@ -79,6 +79,9 @@ type Importer struct {
 	RetryMin, RetryMax time.Duration
 	// SyncEvery: transfer.DefaultSyncEvery if 0.
 	SyncEvery int64
+	// IdleTimeout: a pull whose source sends nothing for this long fails
+	// and is retried; transfer.DefaultIdleTimeout if 0.
+	IdleTimeout time.Duration
 	// Warnings, if not nil, tells the claims of a pull what their users
 	// must act on (the two nodes' plugins of different versions).
 	Warnings *Warnings
@@ -419,6 +422,10 @@ func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) (
 			im.mu.Unlock()
 		},
 		SyncEvery: im.SyncEvery,
+		// The source is another node: what it announces, it does not
+		// decide how much of this pool the copy takes.
+		MaxSize:     v.SizeBytes,
+		IdleTimeout: im.IdleTimeout,
 	}
 	res, err := pl.Run(ctx)
 	return res, outOfSpace(p, err)

@@ -10,10 +10,15 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/podvol/podvol/internal/errkind"
 )
 
 // DefaultSyncEvery is how much a pull writes between syncs of its copy
@@ -43,7 +48,25 @@ type Pull struct {
 	Progress func(Progress)
 	// SyncEvery: DefaultSyncEvery if 0.
 	SyncEvery int64
+	// MaxSize, if not 0, is the most the copy may hold (the claim's
+	// capacity): a source that announces a larger image is refused
+	// before Dst is touched, and no frame past the image is written.
+	MaxSize int64
+	// IdleTimeout: the pull fails (ErrIdle) when the source sends nothing
+	// for this long, be it its answer or the next frame;
+	// DefaultIdleTimeout if 0.
+	IdleTimeout time.Duration
 }
+
+// DefaultIdleTimeout is how long a pull waits on a source that sends
+// nothing: a frame is at most a chunk (1 MiB), which takes far less even
+// at a few hundred KiB/s.
+const DefaultIdleTimeout = 2 * time.Minute
+
+// ErrIdle: the source sent nothing for the pull's IdleTimeout (it stalled,
+// or the network dropped the connection without a word). Retrying may
+// help.
+var ErrIdle = errors.New("the source stopped sending")
 
 // Run pulls until the copy is complete and verified, or fails. A failed
 // pull leaves Dst verified up to its last Checkpoint: run again with it as
@@ -51,6 +74,14 @@ type Pull struct {
 // ErrInvalid; any other error may be retried.
 func (p *Pull) Run(ctx context.Context) (Result, error) {
 	start := time.Now()
+	idle := p.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	wd := newWatchdog(idle, cancel)
+	defer wd.done()
 	// since: Dst holds that image whole, or with changes towards
 	// Resume.Identity applied up to Resume.Verified.
 	since := p.Resume.Base
@@ -66,12 +97,12 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 			from, since = 0, ""
 		}
 	}
-	resp, err := p.get(ctx, since, from)
+	resp, err := p.get(ctx, wd, since, from)
 	if from > 0 && errors.Is(err, errBeyond) {
 		// The source's image under this id is now smaller than what was
 		// verified of the old one: another image, pulled from the start.
 		from, since = 0, ""
-		resp, err = p.get(ctx, "", 0)
+		resp, err = p.get(ctx, wd, "", 0)
 	}
 	if err != nil {
 		return Result{}, err
@@ -90,7 +121,7 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 		resp.Body.Close()
 		klog.FromContext(ctx).Info("The source's image changed since the pull stopped: starting again", "source", p.Source, "address", p.Address, "verified", from)
 		from, since, changes = 0, "", false
-		if resp, err = p.get(ctx, "", 0); err != nil {
+		if resp, err = p.get(ctx, wd, "", 0); err != nil {
 			return Result{}, err
 		}
 		if a, err = answerOf(resp.Header); err != nil {
@@ -100,6 +131,10 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 		cp = a.Checkpoint
 	}
 	defer resp.Body.Close()
+	if p.MaxSize > 0 && cp.Size > p.MaxSize {
+		return Result{}, fmt.Errorf("pull %s from %s: the source announces an image of %d bytes, more than the %d bytes of claim %s; nothing was written: %w",
+			p.Source, p.Address, cp.Size, p.MaxSize, p.Claim, errkind.ErrOutOfRange)
+	}
 	if changes {
 		cp.Base = since
 	} else if from == 0 {
@@ -128,7 +163,7 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 	}
 	stop := make(chan struct{})
 	defer close(stop)
-	frames, free := decode(newReader(resp.Body, cp.Size, from), stop)
+	frames, free := decode(newReader(resp.Body, cp.Size, from), stop, wd)
 	var unsynced, done, reached int64
 	fd := int(p.Dst.Fd())
 	// checked: the copy is found to be the source's image up to there
@@ -195,7 +230,7 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 			}
 			res.Zeros += f.length
 		case frameFail:
-			return res, p.stopped(cp, reached, cancelled(ctx, fmt.Errorf("pull %s from %s: the source failed: %s", p.Source, p.Address, f.msg)))
+			return res, p.stopped(cp, reached, cancelled(ctx, fmt.Errorf("pull %s from %s: the source failed: %s", p.Source, p.Address, peerText(f.msg))))
 		case frameEnd:
 			cp.Verified = cp.Size
 			if err := p.sync(cp); err != nil {
@@ -303,8 +338,9 @@ type decoded struct {
 // (the end, a failure, or an error). The receiver gives each frame's buf
 // back to free. Every frame holds a buffer, so sending one never blocks;
 // waiting for a buffer stops when stop is closed, and a read when the
-// stream's body is.
-func decode(r *reader, stop <-chan struct{}) (frames <-chan decoded, free chan<- []byte) {
+// stream's body is. wd watches each read, not the wait for a buffer (the
+// target's own disk).
+func decode(r *reader, stop <-chan struct{}, wd *watchdog) (frames <-chan decoded, free chan<- []byte) {
 	out := make(chan decoded, decodeDepth)
 	bufs := make(chan []byte, decodeDepth)
 	for range decodeDepth {
@@ -319,7 +355,9 @@ func decode(r *reader, stop <-chan struct{}) (frames <-chan decoded, free chan<-
 			case <-stop:
 				return
 			}
+			wd.wait()
 			f, err := r.read(buf)
+			wd.done()
 			out <- decoded{f, err}
 			if err != nil || f.kind == frameEnd || f.kind == frameFail {
 				return
@@ -329,15 +367,37 @@ func decode(r *reader, stop <-chan struct{}) (frames <-chan decoded, free chan<-
 	return out, bufs
 }
 
-// cancelled is err, or, when ctx ended, ctx's error with err as detail: a
-// pull stopped by its caller says so, whichever end noticed first (the
-// source sees the connection go and may have said why first).
+// cancelled is err, or, when ctx ended, why (its cause: the caller's
+// cancellation, or the watchdog's ErrIdle) with err as detail: a pull
+// stopped says so, whichever end noticed first (the source sees the
+// connection go and may have said why first).
 func cancelled(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		return fmt.Errorf("%w: %w", ctx.Err(), err)
+		return fmt.Errorf("%w: %w", context.Cause(ctx), err)
 	}
 	return err
 }
+
+// watchdog ends a pull (its context's cause: ErrIdle) whose source sends
+// nothing for its timeout. It runs only while the pull waits on the source
+// (wait, then done): the target's own writes and syncs are not the
+// source's stall.
+type watchdog struct {
+	t *time.Timer
+	d time.Duration
+}
+
+func newWatchdog(d time.Duration, cancel context.CancelCauseFunc) *watchdog {
+	w := &watchdog{d: d}
+	w.t = time.AfterFunc(d, func() {
+		cancel(fmt.Errorf("no data from the source for %s: %w (or the network between the nodes dropped the connection)", d, ErrIdle))
+	})
+	w.t.Stop()
+	return w
+}
+
+func (w *watchdog) wait() { w.t.Reset(w.d) }
+func (w *watchdog) done() { w.t.Stop() }
 
 // stopped syncs what was verified before a pull failed, so that the next
 // one resumes from the last frame received rather than the last sync.
@@ -381,15 +441,17 @@ func (p *Pull) url(address, since string, from int64) *url.URL {
 	return &url.URL{Scheme: "https", Host: address, Path: Path + p.Source, RawQuery: q.Encode()}
 }
 
-func (p *Pull) get(ctx context.Context, since string, from int64) (*http.Response, error) {
+func (p *Pull) get(ctx context.Context, wd *watchdog, since string, from int64) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url(p.Address, since, from).String(), nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set(headerVersion, strconv.Itoa(Version))
+	wd.wait()
 	resp, err := p.Client.Do(req)
+	wd.done()
 	if err != nil {
-		return nil, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err)
+		return nil, cancelled(ctx, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
@@ -448,6 +510,29 @@ func printable(s string) bool {
 		}
 	}
 	return true
+}
+
+// maxPeerText bounds what of another node's words (a failure frame, a
+// refusal's body) goes into an error: the error reaches the claim's events
+// and the logs.
+const maxPeerText = 512
+
+// peerText is text another node sent, made fit for an error: one line of
+// printable characters (controls, escapes and the like each a space), at
+// most maxPeerText bytes.
+func peerText(s string) string {
+	var b strings.Builder
+	for _, r := range strings.TrimSpace(s) {
+		if !unicode.IsPrint(r) {
+			r = ' '
+		}
+		if b.Len()+utf8.RuneLen(r) > maxPeerText {
+			b.WriteString("...")
+			break
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // trimmed is a value another node sent, cut short for an error message.

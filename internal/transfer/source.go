@@ -384,7 +384,7 @@ func sourceSpeaks(resp *http.Response) error {
 	if v == "" {
 		v = "none (a plugin older than versions)"
 	}
-	return fmt.Errorf("the source's plugin answered with transfer protocol version %s, this node speaks version %d; %s: %w", v, Version, upgrade, ErrVersion)
+	return fmt.Errorf("the source's plugin answered with transfer protocol version %s, this node speaks version %d; %s: %w", peerText(trimmed(v)), Version, upgrade, ErrVersion)
 }
 
 // errBeyond: a pull resumed past the end of the source's image.
@@ -393,7 +393,7 @@ var errBeyond = errors.New("the offset is beyond the source's image")
 // errorOf turns a refused pull's answer into an error of the matching kind.
 func errorOf(resp *http.Response) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxFailMsg))
-	msg := fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(body))
+	msg := peerText(fmt.Sprintf("%s: %s", resp.Status, body))
 	switch resp.StatusCode {
 	case http.StatusForbidden, http.StatusUnauthorized:
 		return fmt.Errorf("%s: %w", msg, errkind.ErrDenied)
