@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -411,20 +412,23 @@ func TestImportChecksTheClaimBeforeReady(t *testing.T) {
 			if c.ready != (err == nil) || (!c.ready && (!errors.Is(err, errkind.ErrNotFound) || !strings.Contains(err.Error(), "deleted during the copy"))) {
 				t.Errorf("Failed: %v", err)
 			}
-			// A ready volume's claim says so, which wakes its provisioner.
+			// A ready volume's claim says so, which wakes its provisioner
+			// (just after the volume is ready: looked at for 5 s).
 			if c.ready {
-				pvc, err := n.im.Claims.CoreV1().PersistentVolumeClaims("team-a").Get(context.Background(), "restored", metav1.GetOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				var cond *corev1.PersistentVolumeClaimCondition
-				for i := range pvc.Status.Conditions {
-					if pvc.Status.Conditions[i].Type == names.DataCopied {
-						cond = &pvc.Status.Conditions[i]
+				var conds []corev1.PersistentVolumeClaimCondition
+				for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					pvc, err := n.im.Claims.CoreV1().PersistentVolumeClaims("team-a").Get(context.Background(), "restored", metav1.GetOptions{})
+					if err != nil {
+						t.Fatal(err)
 					}
-				}
-				if cond == nil || cond.Status != corev1.ConditionTrue || !strings.Contains(cond.Message, "pulled from node node-a") {
-					t.Errorf("the claim's conditions after the copy: %+v", pvc.Status.Conditions)
+					conds = pvc.Status.Conditions
+					i := slices.IndexFunc(conds, func(c corev1.PersistentVolumeClaimCondition) bool { return c.Type == names.DataCopied })
+					if i >= 0 && conds[i].Status == corev1.ConditionTrue && strings.Contains(conds[i].Message, "pulled from node node-a") {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the claim's conditions 5 s after the copy: %+v", conds)
+					}
 				}
 			}
 		})
