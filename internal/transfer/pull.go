@@ -451,7 +451,8 @@ func (p *Pull) get(ctx context.Context, wd *watchdog, since string, from int64) 
 	resp, err := p.Client.Do(req)
 	wd.done()
 	if err != nil {
-		return nil, cancelled(ctx, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, err))
+		// A malformed answer's error quotes what the source sent.
+		return nil, cancelled(ctx, fmt.Errorf("pull %s from %s: %w", p.Source, p.Address, boundedError{err}))
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
