@@ -36,6 +36,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/transfersigner"
 	"github.com/podvol/podvol/internal/metricsauth"
 	"github.com/podvol/podvol/internal/names"
+	"github.com/podvol/podvol/internal/transfercert"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -50,11 +51,12 @@ func main() {
 		metricsAddr = flag.String("metrics-address", "127.0.0.1:9809", "address of /metrics, over HTTPS, each request's bearer token reviewed (TokenReview, SubjectAccessReview on the path); 0: off")
 		metricsCert = flag.String("metrics-cert-file", "", "serving certificate (PEM) for the metrics, read again when it changes; empty, with --metrics-key-file empty: self-signed at start")
 		metricsKey  = flag.String("metrics-key-file", "", "key (PEM) of --metrics-cert-file")
+		metricsAud  = flag.String("metrics-audience", names.MetricsAudience, "the audience a scraper's token must have (the TokenReview asks for it): a token for the API server is refused")
 		sidecars    = flag.String("metrics-sidecars", "", "sidecars' metrics endpoints (their --http-endpoint) re-served at /metrics/<name> behind the same authentication: comma-separated name=host:port, each on a loopback address")
 		healthAddr  = flag.String("health-address", "127.0.0.1:9810", "address of /healthz and /readyz")
 		leaderElect = flag.Bool("leader-elect", true, "run one active instance (a Lease in --leader-election-namespace)")
 		leaseNS     = flag.String("leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader election Lease")
-		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import,group-snapshot-routing,source-placement,transfer-signer,migration", "controllers to run")
+		controllers = flag.String("controllers", "ephemeral-volume,clone-lifecycle,node-loss,admission-params,snapshot-import,group-snapshot-routing,source-placement,transfer-signer,metrics-signer,migration", "controllers to run")
 		driver      = flag.String("driver", names.Driver, "CSI driver whose volumes node-loss releases, whose StorageClasses the admission policies check and whose restores and clones source-placement places")
 		grace       = flag.Duration("node-loss-grace-period", nodeloss.DefaultGrace,
 			"node-loss: how long the kubelet of a deleted Node must have stopped renewing its Lease (kube-node-lease/<node>) before the node's volumes are released (never less than the Lease's own duration, 40s by default); a renewal seen after the deletion means the node lives, and nothing is released")
@@ -76,6 +78,8 @@ func main() {
 	ctrl.SetLogger(klog.NewKlogr())
 	var err error
 	switch {
+	case strings.TrimSpace(*metricsAud) == "":
+		err = fmt.Errorf("--metrics-audience must not be empty: a token for the API server would be accepted")
 	case *grace <= 0:
 		err = fmt.Errorf("--node-loss-grace-period must be positive, not %s", *grace)
 	case *ephemeralWorkers < 1 || *apiQPS <= 0 || *apiBurst < 1:
@@ -83,7 +87,7 @@ func main() {
 	case *removeFinalizers:
 		err = removeNodeFinalizers()
 	default:
-		err = run(runConfig{metricsAddr: *metricsAddr, metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars, healthAddr: *healthAddr, leaderElect: *leaderElect, leaseNS: *leaseNS,
+		err = run(runConfig{metricsAddr: *metricsAddr, metricsCert: *metricsCert, metricsKey: *metricsKey, metricsAudience: *metricsAud, sidecars: *sidecars, healthAddr: *healthAddr, leaderElect: *leaderElect, leaseNS: *leaseNS,
 			controllers: *controllers, driver: *driver, grace: *grace, ephemeralWorkers: *ephemeralWorkers, qps: float32(*apiQPS), burst: *apiBurst, nodeServiceAccount: *nodeSA, transfers: *transfers})
 	}
 	if err != nil {
@@ -117,6 +121,7 @@ func removeNodeFinalizers() error {
 type runConfig struct {
 	metricsAddr, healthAddr      string
 	metricsCert, metricsKey      string
+	metricsAudience              string
 	sidecars                     string
 	leaderElect                  bool
 	leaseNS, controllers, driver string
@@ -181,6 +186,12 @@ func run(c runConfig) error {
 			}
 			err = (&transfersigner.Reconciler{Client: mgr.GetClient(), Namespace: c.leaseNS,
 				NodeUser: serviceaccount.MakeUsername(c.leaseNS, c.nodeServiceAccount)}).SetupWithManager(mgr)
+		case "metrics-signer":
+			if c.leaseNS == "" {
+				return fmt.Errorf("metrics-signer keeps its CA in podvol's namespace: set POD_NAMESPACE or --leader-election-namespace")
+			}
+			err = (&transfersigner.Reconciler{Client: mgr.GetClient(), Namespace: c.leaseNS, Profile: transfercert.Metrics,
+				NodeUser: serviceaccount.MakeUsername(c.leaseNS, c.nodeServiceAccount)}).SetupWithManager(mgr)
 		case "migration":
 			if !c.transfers {
 				// Its copies are pulls between the nodes' plugins.
@@ -190,7 +201,7 @@ func run(c runConfig) error {
 			err = (&migration.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver, StashNamespace: c.leaseNS}).SetupWithManager(mgr)
 		case "":
 		default:
-			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import, group-snapshot-routing, source-placement, transfer-signer, migration)", name)
+			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import, group-snapshot-routing, source-placement, transfer-signer, metrics-signer, migration)", name)
 		}
 		if err != nil {
 			return fmt.Errorf("set up %s: %w", name, err)
@@ -201,8 +212,18 @@ func run(c runConfig) error {
 		if err != nil {
 			return fmt.Errorf("kubernetes client: %w", err)
 		}
-		mc := metricsauth.Config{Address: c.metricsAddr, CertFile: c.metricsCert, KeyFile: c.metricsKey, Filter: metricsauth.NewFilter(kc),
+		mc := metricsauth.Config{Address: c.metricsAddr, CertFile: c.metricsCert, KeyFile: c.metricsKey, Filter: metricsauth.NewFilter(kc, c.metricsAudience),
 			Metrics: promhttp.HandlerFor(ctrlmetrics.Registry, promhttp.HandlerOpts{}), Sidecars: sidecars}
+		if c.metricsCert == "" && c.metricsKey == "" && c.leaseNS != "" {
+			// Its own certificate from podvol's metrics CA, which
+			// scrapers verify (names.MetricsControllerServerName).
+			serving := &transfersigner.Serving{Signer: &transfersigner.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+				Namespace: c.leaseNS, Profile: transfercert.Metrics}}
+			if err := mgr.Add(serving); err != nil {
+				return err
+			}
+			mc.Certificate = serving.Certificate
+		}
 		if err := mgr.Add(metricsRunnable{mc}); err != nil {
 			return err
 		}

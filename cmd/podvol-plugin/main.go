@@ -34,6 +34,7 @@ import (
 	"github.com/podvol/podvol/internal/pool"
 	"github.com/podvol/podvol/internal/registration"
 	"github.com/podvol/podvol/internal/transfer"
+	"github.com/podvol/podvol/internal/transfercert"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -52,6 +53,7 @@ func main() {
 		metricsAddr = flag.String("metrics-address", "", "address for /metrics and /healthz, e.g. :9808; empty: off. With API access (in-cluster or --kubeconfig) HTTPS, each request's bearer token reviewed (TokenReview, SubjectAccessReview on the path); without, plain HTTP on a loopback address only")
 		metricsCert = flag.String("metrics-cert-file", "", "serving certificate (PEM) for the metrics, read again when it changes; empty, with --metrics-key-file empty: self-signed at start")
 		metricsKey  = flag.String("metrics-key-file", "", "key (PEM) of --metrics-cert-file")
+		metricsAud  = flag.String("metrics-audience", names.MetricsAudience, "the audience a scraper's token must have (the TokenReview asks for it): a token for the API server is refused")
 		sidecars    = flag.String("metrics-sidecars", "", "sidecars' metrics endpoints (their --http-endpoint) re-served at /metrics/<name> behind the same authentication: comma-separated name=host:port, each on a loopback address")
 		maxVolumes  = flag.Int64("max-volumes", 0, "volumes this node can hold, reported to the scheduler; 0: no limit")
 		kubeletDir  = flag.String("kubelet-dir", "/var/lib/kubelet", "kubelet's root directory: an inline volume whose pod directory is gone from it is collected")
@@ -101,7 +103,7 @@ func main() {
 		}
 	}
 	cfg := config{inlinePools: inline, endpoint: *endpoint, nodeID: *nodeID, pools: specs, forceCapacity: *forceCap, forget: forget, lockWait: *lockWait, metricsAddr: *metricsAddr,
-		metricsCert: *metricsCert, metricsKey: *metricsKey, sidecars: *sidecars,
+		metricsCert: *metricsCert, metricsKey: *metricsKey, metricsAudience: *metricsAud, sidecars: *sidecars,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
 		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery,
 		transferAddr: *xferAddr, transferRate: *xferRate, transferIdle: *xferIdle, namespace: *namespace}
@@ -120,6 +122,7 @@ type config struct {
 	lockWait                          time.Duration
 	inlinePools                       []string
 	metricsCert, metricsKey, sidecars string
+	metricsAudience                   string
 	maxVolumes                        int64
 	kubeletDir, inlineSize            string
 	gcInterval                        time.Duration
@@ -166,6 +169,9 @@ func run(c config) error {
 	sidecars, err := metricsauth.ParseSidecars(c.sidecars)
 	if err != nil {
 		return fmt.Errorf("--metrics-sidecars: %w", err)
+	}
+	if strings.TrimSpace(c.metricsAudience) == "" {
+		return fmt.Errorf("--metrics-audience must not be empty: a token for the API server would be accepted")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -348,7 +354,14 @@ func run(c config) error {
 		mc := metricsauth.Config{Address: c.metricsAddr, CertFile: c.metricsCert, KeyFile: c.metricsKey,
 			Metrics: m.Handler(), Sidecars: sidecars, Healthz: health}
 		if kc != nil {
-			mc.Filter = metricsauth.NewFilter(kc)
+			mc.Filter = metricsauth.NewFilter(kc, c.metricsAudience)
+			if c.metricsCert == "" && c.metricsKey == "" {
+				// A certificate of podvol's metrics CA, which scrapers
+				// verify (names.MetricsNodeServerName).
+				req := &transfercert.Requester{Client: kc, Node: c.nodeID, Namespace: c.namespace, Profile: transfercert.Metrics}
+				go req.Run(ctx)
+				mc.Certificate = req.Certificate
+			}
 		}
 		go func() {
 			if err := metricsauth.Serve(ctx, mc); err != nil {

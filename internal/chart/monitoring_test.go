@@ -6,9 +6,12 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/podvol/podvol/internal/names"
 )
 
 // The optional monitoring objects carry what charts/podvol/files/ holds
@@ -107,5 +110,68 @@ func TestMonitoringObjects(t *testing.T) {
 	}
 	if docs, _, _ := Split(out); len(docs["monitoring.yaml"]) != 0 {
 		t.Errorf("with the default values the chart renders monitoring objects: %q", docs["monitoring.yaml"])
+	}
+}
+
+// The PodMonitors verify the servers' certificates: by default against
+// podvol's metrics CA (the ConfigMap podvol-controller publishes in the
+// release's namespace) and the name podvol issues for the component, with
+// a token for podvol's metrics audience; monitoring.podMonitor.tlsConfig
+// replaces that for an admin's own certificate. Nothing skips verification.
+func TestPodMonitorsVerifyTheServers(t *testing.T) {
+	type tlsConfig struct {
+		InsecureSkipVerify bool   `json:"insecureSkipVerify"`
+		ServerName         string `json:"serverName"`
+		CA                 struct {
+			ConfigMap struct{ Name, Key string } `json:"configMap"`
+			Secret    struct{ Name, Key string } `json:"secret"`
+		} `json:"ca"`
+	}
+	render := func(args ...string) map[string]tlsConfig {
+		out, err := Template(context.Background(), helm(t), repo, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs, _, err := Split(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]tlsConfig{}
+		for _, doc := range docs["monitoring.yaml"] {
+			var o struct {
+				Kind     string
+				Metadata struct{ Name string }
+				Spec     struct {
+					Selector            struct{ MatchLabels map[string]string } `json:"selector"`
+					PodMetricsEndpoints []struct {
+						TLSConfig tlsConfig `json:"tlsConfig"`
+					} `json:"podMetricsEndpoints"`
+				}
+			}
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+				t.Fatal(err)
+			}
+			if o.Kind == "PodMonitor" {
+				got[o.Spec.Selector.MatchLabels["app.kubernetes.io/component"]+" "+o.Metadata.Name] = o.Spec.PodMetricsEndpoints[0].TLSConfig
+			}
+		}
+		if len(got) == 0 {
+			t.Fatalf("no PodMonitor rendered with %q", args)
+		}
+		return got
+	}
+	for name, c := range render("--set", "monitoring.podMonitor.enabled=true") {
+		want := names.MetricsNodeServerName
+		if strings.HasPrefix(name, "controller ") {
+			want = names.MetricsControllerServerName
+		}
+		if c.InsecureSkipVerify || c.ServerName != want || c.CA.ConfigMap.Name != names.MetricsCA || c.CA.ConfigMap.Key != names.TransferCAKey {
+			t.Errorf("PodMonitor %s: tlsConfig %+v, want ConfigMap %s key %s and serverName %s", name, c, names.MetricsCA, names.TransferCAKey, want)
+		}
+	}
+	for name, c := range render("--values", everyOption) {
+		if c.InsecureSkipVerify || c.ServerName != "metrics.example.invalid" || c.CA.Secret.Name != "my-metrics-ca" || c.CA.ConfigMap.Name != "" {
+			t.Errorf("PodMonitor %s with monitoring.podMonitor.tlsConfig: %+v, want the value's", name, c)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package devcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -26,8 +27,8 @@ type metricsToken struct {
 	at    time.Time
 }
 
-// MetricsToken returns a token of MetricsReader, making the account and its
-// binding on first use.
+// MetricsToken returns a token of MetricsReader for podvol's metrics
+// audience, making the account and its binding on first use.
 func (c *Cluster) MetricsToken(ctx context.Context) (string, error) {
 	c.metrics.mu.Lock()
 	defer c.metrics.mu.Unlock()
@@ -47,7 +48,7 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: %[2]s}
 	if err != nil {
 		return "", fmt.Errorf("metrics reader account: %w", err)
 	}
-	out, err := c.kubectl(ctx, "-n", "podvol-system", "create", "token", MetricsReader)
+	out, err := c.kubectl(ctx, "-n", "podvol-system", "create", "token", MetricsReader, "--audience="+names.MetricsAudience)
 	if err != nil {
 		return "", fmt.Errorf("metrics reader token: %w", err)
 	}
@@ -65,4 +66,28 @@ func (n *Node) FetchMetrics(ctx context.Context, url string) (string, error) {
 	}
 	return n.c.run(ctx, "nsenter", "--net="+n.netNS(), "--", "busybox", "wget", "-q", "-O", "-", "--no-check-certificate",
 		"--header", "Authorization: Bearer "+token, url)
+}
+
+// MetricsCA returns the certificate (PEM) of podvol's metrics CA, which a
+// scraper verifies the servers against, waiting for podvol-controller to
+// publish it (ConfigMap names.MetricsCA).
+func (c *Cluster) MetricsCA(ctx context.Context) (string, error) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		out, err := c.kubectl(ctx, "-n", "podvol-system", "get", "configmap", names.MetricsCA, "-o", "jsonpath={.data.ca\\.crt}")
+		if err == nil && strings.Contains(out, "BEGIN CERTIFICATE") {
+			return out, nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = errors.New("no certificate in it")
+			}
+			return "", fmt.Errorf("podvol's metrics CA (ConfigMap podvol-system/%s, made by podvol-controller), got %q: %w", names.MetricsCA, out, err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
 }

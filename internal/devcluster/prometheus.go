@@ -9,14 +9,16 @@ import (
 	"time"
 
 	"github.com/podvol/podvol/internal/monitoring"
+	"github.com/podvol/podvol/internal/names"
 )
 
 // The dev cluster's Prometheus, started on request (podvol-dev up
 // --prometheus, the e2e test): the prometheus tools/prometheus builds, run on
 // the host as an admin would run one outside the cluster, with podvol's
 // documented scrape configs (internal/monitoring.ScrapeFile), a token of
-// MetricsReader (bound to the metrics-reader ClusterRole), and the alert
-// rules loaded. It listens on the host's loopback only.
+// MetricsReader (bound to the metrics-reader ClusterRole) for podvol's
+// metrics audience, podvol's metrics CA to verify the servers with, and the
+// alert rules loaded. It listens on the host's loopback only.
 const (
 	prometheusName = "prometheus"
 	// PrometheusURL is where it answers.
@@ -44,7 +46,7 @@ func (c *Cluster) StartPrometheus(ctx context.Context) (string, error) {
 	if _, err := c.MetricsToken(ctx); err != nil {
 		return "", err
 	}
-	token, err := c.kubectl(ctx, "-n", "podvol-system", "create", "token", MetricsReader, "--duration=24h")
+	token, err := c.kubectl(ctx, "-n", "podvol-system", "create", "token", MetricsReader, "--audience="+names.MetricsAudience, "--duration=24h")
 	if err != nil {
 		return "", fmt.Errorf("a token for Prometheus: %w", err)
 	}
@@ -52,7 +54,15 @@ func (c *Cluster) StartPrometheus(ctx context.Context) (string, error) {
 	if err := os.WriteFile(tokenFile, []byte(strings.TrimSpace(token)), 0o600); err != nil {
 		return "", err
 	}
-	cfg, err := monitoring.Config(c.Repo, tokenFile, c.Kubeconfig(), PrometheusInterval)
+	ca, err := c.MetricsCA(ctx)
+	if err != nil {
+		return "", err
+	}
+	caFile := c.path(prometheusName, "ca.crt")
+	if err := os.WriteFile(caFile, []byte(ca), 0o600); err != nil {
+		return "", err
+	}
+	cfg, err := monitoring.Config(c.Repo, tokenFile, caFile, c.Kubeconfig(), PrometheusInterval)
 	if err != nil {
 		return "", err
 	}

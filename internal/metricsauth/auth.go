@@ -36,17 +36,24 @@ type Reviewer interface {
 // ClusterRole, or deploy/base's rules for podvol-node and podvol-controller.
 type APIReviewer struct {
 	Client kubernetes.Interface
+	// Audience a token must have (names.MetricsAudience by default).
+	Audience string
 }
 
-// Authenticate is a TokenReview with the API server's own audiences, which
-// ServiceAccount tokens (a pod's projected token, `kubectl create token`)
-// carry by default.
+// Authenticate is a TokenReview for r.Audience: a token for the API server
+// (a pod's default token, `kubectl create token` without --audience) is
+// not accepted, so that a scraper's token, which every scraped server sees,
+// is no use against the API server. The API server answers the audiences
+// the token holds of those asked; one that answers none ignores audiences,
+// and its word is not taken.
 func (r APIReviewer) Authenticate(ctx context.Context, token string) (authnv1.UserInfo, bool, error) {
-	tr, err := r.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+	tr, err := r.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{
+		Token: token, Audiences: []string{r.Audience}}}, metav1.CreateOptions{})
 	if err != nil {
 		return authnv1.UserInfo{}, false, fmt.Errorf("TokenReview: %w", err)
 	}
-	return tr.Status.User, tr.Status.Authenticated && tr.Status.Error == "", nil
+	ok := tr.Status.Authenticated && tr.Status.Error == "" && slices.Contains(tr.Status.Audiences, r.Audience)
+	return tr.Status.User, ok, nil
 }
 
 // Authorize is a SubjectAccessReview of get on the non-resource URL path,
@@ -81,6 +88,8 @@ const DefaultCacheSize = 1024
 // the API server are not (500, and the next request asks again).
 type Filter struct {
 	Reviewer Reviewer
+	// Audience the Reviewer asks for, named in refusals.
+	Audience string
 	TTL      time.Duration
 	// Size bounds each of the two caches (entries).
 	Size int
@@ -97,10 +106,10 @@ type authnAnswer struct {
 	ok   bool
 }
 
-// NewFilter is a Filter asking the API server through client, with the
-// default TTL and size.
-func NewFilter(client kubernetes.Interface) *Filter {
-	return &Filter{Reviewer: APIReviewer{Client: client}}
+// NewFilter is a Filter asking the API server through client for tokens
+// of audience, with the default TTL and size.
+func NewFilter(client kubernetes.Interface, audience string) *Filter {
+	return &Filter{Reviewer: APIReviewer{Client: client, Audience: audience}, Audience: audience}
 }
 
 func (f *Filter) init() {
@@ -147,7 +156,7 @@ func (f *Filter) Wrap(next http.Handler) http.Handler {
 		}
 		if !a.ok {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="podvol metrics", error="invalid_token"`)
-			http.Error(w, "Unauthorized: the API server does not accept this token", http.StatusUnauthorized)
+			http.Error(w, fmt.Sprintf("Unauthorized: the API server does not accept this token for audience %s: send a ServiceAccount token requested for it (a projected serviceAccountToken volume with that audience, or kubectl create token --audience %[1]s)", f.Audience), http.StatusUnauthorized)
 			return
 		}
 		// The decision depends on the token's user and the path only.

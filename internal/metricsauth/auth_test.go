@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +19,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
 	"github.com/podvol/podvol/internal/names"
@@ -56,8 +60,9 @@ func (c *clock) add(d time.Duration) {
 
 // TestFilterAgainstAPIServer: real ServiceAccount tokens (TokenRequest),
 // reviewed by a real kube-apiserver under deploy/base's ClusterRole: a bound
-// account reads /metrics and a sidecar's, an unbound one gets 403, no token
-// or a made-up one 401, /healthz needs none; answers are cached for the TTL
+// account's token for names.MetricsAudience reads /metrics and a sidecar's,
+// its token for the API server or another audience gets 401, an unbound
+// account 403, no token or a made-up one 401, /healthz needs none; answers are cached for the TTL
 // and no longer.
 func TestFilterAgainstAPIServer(t *testing.T) {
 	api := kubetest.Start(t)
@@ -89,17 +94,25 @@ func TestFilterAgainstAPIServer(t *testing.T) {
 	if _, err := kc.RbacV1().ClusterRoles().Create(ctx, &role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	var tokenOf func(sa string, audiences ...string) string
 	token := func(sa string) string {
 		if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authnv1.TokenRequest{}, metav1.CreateOptions{})
+		return tokenOf(sa, names.MetricsAudience)
+	}
+	tokenOf = func(sa string, audiences ...string) string {
+		tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{Audiences: audiences}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return tr.Status.Token
 	}
 	reader, stranger := token("prometheus"), token("stranger")
+	// The bound account's tokens for the API server (what a pod's default
+	// token is, and kubectl create token without --audience) and for
+	// another audience.
+	readerForAPI, readerForOther := tokenOf("prometheus"), tokenOf("prometheus", "vault")
 	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "prometheus-podvol"},
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "prometheus", Namespace: ns}},
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: names.MetricsReaderRole}}
@@ -114,9 +127,9 @@ func TestFilterAgainstAPIServer(t *testing.T) {
 		sidecarAuth.Store(r.Header.Get("Authorization"))
 		fmt.Fprintln(w, "csi_sidecar_operations_seconds_count{method_name=\"/csi.v1.Controller/CreateVolume\"} 1")
 	}))
-	rev := &counting{Reviewer: APIReviewer{Client: kc}}
+	rev := &counting{Reviewer: APIReviewer{Client: kc, Audience: names.MetricsAudience}}
 	clk := &clock{t: time.Now()}
-	f := &Filter{Reviewer: rev, Now: clk.now}
+	f := &Filter{Reviewer: rev, Audience: names.MetricsAudience, Now: clk.now}
 	addr := serve(t, Config{Filter: f,
 		Metrics:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "podvol_pool_capacity_bytes 1") }),
 		Healthz:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }),
@@ -129,6 +142,8 @@ func TestFilterAgainstAPIServer(t *testing.T) {
 	}{
 		{"no token", "GET", "/metrics", "", 401, "Bearer"},
 		{"made-up token", "GET", "/metrics", "not-a-token", 401, "does not accept"},
+		{"bound account, the API server's token", "GET", "/metrics", readerForAPI, 401, "audience " + names.MetricsAudience},
+		{"bound account, another audience's token", "GET", "/metrics", readerForOther, 401, "audience " + names.MetricsAudience},
 		{"unbound account", "GET", "/metrics", stranger, 403, "podvol-metrics-reader"},
 		{"unbound account, sidecar", "GET", "/metrics/csi-provisioner", stranger, 403, ""},
 		{"bound account", "GET", "/metrics", reader, 200, "podvol_pool_capacity_bytes 1"},
@@ -281,4 +296,41 @@ func request(t *testing.T, method, addr, path, token string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// TestAuthenticateNamesTheAudience: the TokenReview asks for the metrics
+// audience, and a token is accepted only if the API server says it holds
+// it (an authenticator that ignores audiences answers none).
+func TestAuthenticateNamesTheAudience(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		answered []string
+		ok       bool
+	}{
+		{"the audience", []string{"podvol.io/metrics"}, true},
+		{"no audience", nil, false},
+		{"another audience", []string{"https://kubernetes.default.svc"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			kc := fake.NewClientset()
+			var asked []string
+			kc.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				tr := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview)
+				asked = tr.Spec.Audiences
+				tr = tr.DeepCopy()
+				tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "system:serviceaccount:monitoring:prometheus"}, Audiences: c.answered}
+				return true, tr, nil
+			})
+			_, ok, err := APIReviewer{Client: kc, Audience: "podvol.io/metrics"}.Authenticate(context.Background(), "t")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(asked, []string{"podvol.io/metrics"}) {
+				t.Errorf("the TokenReview asked for audiences %q, want [podvol.io/metrics]", asked)
+			}
+			if ok != c.ok {
+				t.Errorf("a token the API server says has audiences %q: accepted %v, want %v", c.answered, ok, c.ok)
+			}
+		})
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -69,9 +70,14 @@ type Config struct {
 	// Address to listen on, e.g. :9808.
 	Address string
 	// CertFile and KeyFile are the serving certificate (PEM), read again
-	// when they change (a rotated Secret); both empty: a self-signed
-	// certificate made at start.
+	// when they change (a rotated Secret): an admin's own.
 	CertFile, KeyFile string
+	// Certificate, with neither file given, is the serving certificate
+	// podvol's metrics CA issued (transfercert.Requester with the Metrics
+	// profile, or podvol-controller's own), asked for at each handshake;
+	// while it returns an error (not issued yet), and with no files and no
+	// Certificate at all, a self-signed certificate made at start.
+	Certificate func() (*tls.Certificate, error)
 	// Filter authenticates and authorizes every path but /healthz. Nil
 	// serves plain HTTP with no authentication, which Serve allows only
 	// on a loopback address (running the plugin by hand, tests).
@@ -192,8 +198,24 @@ func (c Config) tlsConfig(addr net.Addr) (*tls.Config, error) {
 		if err != nil {
 			return nil, err
 		}
-		klog.InfoS("Metrics are served with a self-signed certificate made at start: scrape with insecure_skip_verify, or give a certificate (--metrics-cert-file, --metrics-key-file)")
-		tc.Certificates = []tls.Certificate{cert}
+		if c.Certificate == nil {
+			klog.InfoS("Metrics are served with a self-signed certificate made at start: scrape with insecure_skip_verify, or give a certificate (--metrics-cert-file, --metrics-key-file)")
+			tc.Certificates = []tls.Certificate{cert}
+			return tc, nil
+		}
+		// The kubelet's probe of /healthz needs a handshake before the
+		// CA's certificate comes: a scraper that verifies fails until then.
+		var warned atomic.Bool
+		tc.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			issued, err := c.Certificate()
+			if err == nil {
+				return issued, nil
+			}
+			if !warned.Swap(true) {
+				klog.InfoS("Metrics are served with a self-signed certificate until podvol's metrics CA issues one", "reason", err.Error())
+			}
+			return &cert, nil
+		}
 		return tc, nil
 	}
 	if c.CertFile == "" || c.KeyFile == "" {

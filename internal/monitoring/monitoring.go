@@ -57,11 +57,12 @@ func BuildTools(ctx context.Context, repo string, progress io.Writer) (Tools, er
 }
 
 // Config is a Prometheus configuration for a Prometheus outside the
-// cluster: ScrapeFile's scrape configs with the token in tokenFile instead of
-// the pod's ServiceAccount token, discovery through kubeconfig instead of
-// the in-cluster API, RulesFile loaded, and every scrape and rule
-// evaluation at interval (a test wants seconds, not the default minute).
-func Config(repo, tokenFile, kubeconfig string, interval time.Duration) ([]byte, error) {
+// cluster: ScrapeFile's scrape configs with the token in tokenFile and the
+// metrics CA's certificate in caFile instead of the files a pod mounts,
+// discovery through kubeconfig instead of the in-cluster API, RulesFile
+// loaded, and every scrape and rule evaluation at interval (a test wants
+// seconds, not the default minute).
+func Config(repo, tokenFile, caFile, kubeconfig string, interval time.Duration) ([]byte, error) {
 	b, err := os.ReadFile(filepath.Join(repo, ScrapeFile))
 	if err != nil {
 		return nil, err
@@ -74,6 +75,11 @@ func Config(repo, tokenFile, kubeconfig string, interval time.Duration) ([]byte,
 	}
 	for _, sc := range cfg.ScrapeConfigs {
 		sc["authorization"] = map[string]any{"credentials_file": tokenFile}
+		tc, _ := sc["tls_config"].(map[string]any)
+		if tc["ca_file"] == nil || tc["server_name"] == nil {
+			return nil, fmt.Errorf("%s: job %v verifies no certificate (tls_config ca_file, server_name)", ScrapeFile, sc["job_name"])
+		}
+		tc["ca_file"] = caFile
 		sds, _ := sc["kubernetes_sd_configs"].([]any)
 		if len(sds) == 0 {
 			return nil, fmt.Errorf("%s: job %v has no kubernetes_sd_configs", ScrapeFile, sc["job_name"])

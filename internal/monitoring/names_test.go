@@ -3,6 +3,13 @@ package monitoring
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -165,7 +172,11 @@ current-context: c
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := Config(abs, token, kubeconfig, 5*time.Second)
+	ca := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(ca, testCA(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Config(abs, token, ca, kubeconfig, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,4 +224,19 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// testCA is a CA certificate (PEM) for a configuration to load.
+func testCA(t *testing.T) []byte {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true, BasicConstraintsValid: true,
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }

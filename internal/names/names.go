@@ -149,6 +149,25 @@ const DirectAssignAnnotation = "podvol.io/direct-assign"
 const (
 	MetricsReaderRole = "podvol-metrics-reader"
 	MetricsPath       = "/metrics"
+	// MetricsAudience is the audience a scraper's token must have (the
+	// plugin's and the controller's --metrics-audience): a token for the
+	// API server is refused, and a scraper's token is no use against it.
+	MetricsAudience = "podvol.io/metrics"
+)
+
+// Metrics serving certificates: podvol-controller's metrics-signer signs
+// the CertificateSigningRequests of MetricsSigner, whose requester must be
+// podvol-node on the node the certificate is for, with a CA it keeps in
+// Secret MetricsCA of podvol's namespace and publishes in ConfigMap
+// MetricsCA there, under TransferCAKey: what a scraper trusts. A node's
+// certificate names MetricsNodeServerName, podvol-controller's (issued by
+// itself with the same CA) MetricsControllerServerName: the names a scraper
+// verifies (its server_name), as the addresses scraped are not in them.
+const (
+	MetricsSigner               = "podvol.io/metrics-serving"
+	MetricsCA                   = "podvol-metrics-ca"
+	MetricsNodeServerName       = "podvol-node.metrics.podvol.io"
+	MetricsControllerServerName = "podvol-controller.metrics.podvol.io"
 )
 
 // Transfers between nodes (internal/transfer): podvol-controller's

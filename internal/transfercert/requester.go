@@ -26,11 +26,13 @@ import (
 	"github.com/podvol/podvol/internal/transfer"
 )
 
-// Requester keeps a node's transfer certificate: it asks for one at start,
-// and for the next at two thirds of each one's life. It is the plugin's
-// transfer.Credentials.
+// Requester keeps a node's transfer certificate (or another Profile's):
+// it asks for one at start, and for the next at two thirds of each one's
+// life. It is the plugin's transfer.Credentials.
 type Requester struct {
 	Client kubernetes.Interface
+	// Profile is what is asked for: Transfer if zero.
+	Profile Profile
 	// Node is this node; Namespace is podvol's (ConfigMap names.TransferCA).
 	Node, Namespace string
 	// Wait bounds how long one request waits for its certificate; Retry is
@@ -50,15 +52,16 @@ var _ transfer.Credentials = (*Requester)(nil)
 // trusted by every node within it.
 const rootsTTL = time.Minute
 
-// ErrNoCertificate: a transfer before the node has its first certificate.
-var ErrNoCertificate = errors.New("this node has no transfer certificate yet")
+// ErrNoCertificate: a transfer (or a metrics handshake) before the node has
+// its first certificate.
+var ErrNoCertificate = errors.New("this node has no certificate of podvol's signer yet")
 
 // Certificate is the current one.
 func (r *Requester) Certificate() (*tls.Certificate, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cert == nil {
-		return nil, fmt.Errorf("%w: podvol-controller's transfer-signer signs it (kubectl get csr)", ErrNoCertificate)
+		return nil, fmt.Errorf("%w: podvol-controller's %s-signer signs it (kubectl get csr)", ErrNoCertificate, r.profile().Name)
 	}
 	return r.cert, nil
 }
@@ -90,13 +93,21 @@ func (r *Requester) readRoots() (*x509.CertPool, error) {
 	return pool, nil
 }
 
+func (r *Requester) profile() Profile {
+	if r.Profile.Signer == "" {
+		return Transfer
+	}
+	return r.Profile
+}
+
 // Run keeps the certificate until ctx ends.
 func (r *Requester) Run(ctx context.Context) {
 	retry := r.Retry
 	if retry <= 0 {
 		retry = 30 * time.Second
 	}
-	log := klog.FromContext(ctx).WithValues("node", r.Node)
+	p := r.profile()
+	log := klog.FromContext(ctx).WithValues("node", r.Node, "certificate", p.Name)
 	for {
 		cert, err := r.Request(ctx)
 		next := retry
@@ -104,11 +115,11 @@ func (r *Requester) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			log.Error(err, "Cannot get this node's transfer certificate: transfers from and to this node fail until it is signed; retrying", "retryIn", retry)
+			log.Error(err, "Cannot get this node's certificate: what needs it fails until it is signed (transfers from and to this node; a scraper's verification of its metrics server); retrying", "retryIn", retry)
 		} else {
 			leaf := cert.Leaf
 			next = time.Until(leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3))
-			log.Info("Got this node's transfer certificate", "notAfter", leaf.NotAfter, "renewIn", next.Round(time.Second))
+			log.Info("Got this node's certificate", "notAfter", leaf.NotAfter, "renewIn", next.Round(time.Second))
 		}
 		select {
 		case <-ctx.Done():
@@ -125,17 +136,18 @@ func (r *Requester) Request(ctx context.Context) (*tls.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: transfer.CommonName(r.Node)}}, key)
+	p := r.profile()
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: p.CommonName(r.Node)}, DNSNames: p.DNSNames}, key)
 	if err != nil {
 		return nil, err
 	}
 	csr, err := r.Client.CertificatesV1().CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "podvol-transfer-" + r.Node + "-"},
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "podvol-" + p.Name + "-" + r.Node + "-"},
 		Spec: certificatesv1.CertificateSigningRequestSpec{
 			Request:           pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
-			SignerName:        names.TransferSigner,
+			SignerName:        p.Signer,
 			ExpirationSeconds: ptr.To(int32(Lifetime / time.Second)),
-			Usages:            Usages,
+			Usages:            p.Usages,
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -146,7 +158,7 @@ func (r *Requester) Request(ctx context.Context) (*tls.Certificate, error) {
 		wait = 2 * time.Minute
 	}
 	log := klog.FromContext(ctx).WithValues("csr", csr.Name)
-	log.Info("Asked for this node's transfer certificate")
+	log.Info("Asked for this node's certificate", "certificate", p.Name)
 	deadline := time.Now().Add(wait)
 	for {
 		select {
@@ -178,7 +190,7 @@ func (r *Requester) Request(ctx context.Context) (*tls.Certificate, error) {
 			}
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("CertificateSigningRequest %s not signed after %s: is podvol-controller running with the transfer-signer controller?", csr.Name, wait)
+			return nil, fmt.Errorf("CertificateSigningRequest %s not signed after %s: is podvol-controller running with the %s-signer controller?", csr.Name, wait, p.Name)
 		}
 	}
 }

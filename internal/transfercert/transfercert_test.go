@@ -127,3 +127,79 @@ func TestSign(t *testing.T) {
 		}
 	}
 }
+
+// A node's metrics serving certificate: asked with exactly the node's
+// server name, server auth only; signed, it verifies for that name against
+// its CA, and not as a client.
+func TestMetricsProfile(t *testing.T) {
+	good := func() *x509.CertificateRequest {
+		return &x509.CertificateRequest{Subject: pkix.Name{CommonName: Metrics.CommonName("node-a")}, DNSNames: []string{names.MetricsNodeServerName}}
+	}
+	csr := func(tmpl *x509.CertificateRequest, usages ...certificatesv1.KeyUsage) *certificatesv1.CertificateSigningRequest {
+		c := csrFor(t, nodeUser, "node-a", tmpl)
+		c.Spec.SignerName, c.Spec.Usages = names.MetricsSigner, Metrics.Usages
+		if usages != nil {
+			c.Spec.Usages = usages
+		}
+		return c
+	}
+	if node, err := Metrics.Check(csr(good()), nodeUser); err != nil || node != "node-a" {
+		t.Fatalf("a good request: %q, %v", node, err)
+	}
+	for name, c := range map[string]struct {
+		csr  *certificatesv1.CertificateSigningRequest
+		want string
+	}{
+		"controller's name": {csr(&x509.CertificateRequest{Subject: good().Subject, DNSNames: []string{names.MetricsControllerServerName}}), "exactly the DNS names"},
+		"another name too":  {csr(&x509.CertificateRequest{Subject: good().Subject, DNSNames: []string{names.MetricsNodeServerName, "kubernetes.default"}}), "exactly the DNS names"},
+		"no name":           {csr(&x509.CertificateRequest{Subject: good().Subject}), "exactly the DNS names"},
+		"client auth":       {csr(good(), certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth, certificatesv1.UsageClientAuth), "usages"},
+		"transfer signer": {func() *certificatesv1.CertificateSigningRequest {
+			c := csr(good())
+			c.Spec.SignerName = names.TransferSigner
+			return c
+		}(), "signer"},
+		"another node": {csr(&x509.CertificateRequest{Subject: pkix.Name{CommonName: Metrics.CommonName("node-b")}, DNSNames: good().DNSNames}), "must ask for exactly"},
+	} {
+		if _, err := Metrics.Check(c.csr, nodeUser); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
+		}
+	}
+	// A transfer request is no metrics request, nor the other way round.
+	if _, err := Transfer.Check(csr(good()), nodeUser); err == nil {
+		t.Error("the transfer signer passed a metrics request")
+	}
+
+	now := time.Now()
+	certPEM, keyPEM, err := Metrics.NewCA(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := ParseCA(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := ca.SignFor(Metrics, csr(good()), "node-a", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := pem.Decode(out)
+	cert, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: names.MetricsNodeServerName}); err != nil {
+		t.Errorf("as %s: %v", names.MetricsNodeServerName, err)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: names.MetricsControllerServerName}); err == nil {
+		t.Errorf("a node's certificate verifies as %s", names.MetricsControllerServerName)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Error("a metrics certificate verifies as a client's")
+	}
+	if _, err := transfer.NodeOf(cert); err == nil {
+		t.Error("a metrics certificate names a node for transfers")
+	}
+}

@@ -172,6 +172,14 @@ func controllerNeeded() []access {
 	}
 	add(verbs(ts, "", "secrets", "", namespace, "create")...)
 	add(access{verb: "get", resource: "secrets", namespace: namespace, name: names.TransferCA, who: ts})
+	// metrics-signer (the same code, transfercert.Metrics), and every
+	// replica's own metrics certificate from its CA (Serving).
+	const ms = "metrics-signer"
+	for _, v := range []string{"approve", "sign"} {
+		add(access{verb: v, group: "certificates.k8s.io", resource: "signers", name: names.MetricsSigner, who: ms})
+	}
+	add(access{verb: "get", resource: "secrets", namespace: namespace, name: names.MetricsCA, who: ms})
+	add(verbs(ms, "", "configmaps", "", namespace, "get", "create", "patch")...)
 	add(metricsReviews("podvol-controller")...)
 	return a
 }
@@ -190,6 +198,7 @@ func controllerNotNeeded() []access {
 	add(verbs("", "", "secrets", "", "tenant", "get", "list")...)
 	add(verbs("", "", "secrets", "", namespace, "get", "list")...)
 	add(access{verb: "update", resource: "secrets", namespace: namespace, name: names.TransferCA})
+	add(access{verb: "update", resource: "secrets", namespace: namespace, name: names.MetricsCA})
 	// No other signer: not the API server's client certificates.
 	for _, v := range []string{"approve", "sign"} {
 		add(access{verb: v, group: "certificates.k8s.io", resource: "signers", name: "kubernetes.io/kube-apiserver-client"})

@@ -4,7 +4,10 @@
 // request for the signer, saying why on the CSR. It keeps the CA's key pair
 // in Secret names.TransferCA of podvol's namespace, made on first start, and
 // publishes the CA's certificate, the only part nodes need, in the
-// ConfigMap of the same name.
+// ConfigMap of the same name. With Profile transfercert.Metrics the same
+// code is the metrics-signer, of names.MetricsSigner and CA
+// names.MetricsCA; Serving keeps podvol-controller's own metrics
+// certificate from that CA.
 package transfersigner
 
 import (
@@ -30,13 +33,14 @@ import (
 
 // Condition reasons it writes on CSRs.
 const (
-	ReasonApproved = "PodvolNodeTransferCertificate"
+	ReasonApproved = "PodvolNodeCertificate"
 	ReasonDenied   = "NotAPodvolNode"
 )
 
-// Reconciler signs names.TransferSigner's CSRs.
+// Reconciler signs the CSRs of its Profile's signer (Transfer's if zero).
 type Reconciler struct {
-	Client client.Client
+	Client  client.Client
+	Profile transfercert.Profile
 	// APIReader reads the CA's Secret and ConfigMap (neither is cached:
 	// caching Secrets would cache every Secret of the cluster).
 	APIReader client.Reader
@@ -56,14 +60,18 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
 	}
+	if r.Profile.Signer == "" {
+		r.Profile = transfercert.Transfer
+	}
 	if err := mgr.Add(caRunnable{r}); err != nil {
 		return err
 	}
+	signer := r.Profile.Signer
 	return ctrl.NewControllerManagedBy(mgr).
-		Named("transfer-signer").
+		Named(r.Profile.Name+"-signer").
 		For(&certificatesv1.CertificateSigningRequest{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			csr, ok := o.(*certificatesv1.CertificateSigningRequest)
-			return ok && csr.Spec.SignerName == names.TransferSigner
+			return ok && csr.Spec.SignerName == signer
 		}))).
 		Complete(r)
 }
@@ -74,7 +82,7 @@ type caRunnable struct{ r *Reconciler }
 func (c caRunnable) Start(ctx context.Context) error {
 	if _, err := c.r.ca(ctx); err != nil {
 		// Not fatal: the first CSR tries again, and says so.
-		log.FromContext(ctx).Error(err, "Cannot make or publish the transfer CA", "namespace", c.r.Namespace, "name", names.TransferCA)
+		log.FromContext(ctx).Error(err, "Cannot make or publish the CA", "signer", c.r.Profile.Signer, "namespace", c.r.Namespace, "name", c.r.Profile.CA)
 	}
 	return nil
 }
@@ -87,15 +95,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.Client.Get(ctx, req.NamespacedName, &csr); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if csr.Spec.SignerName != names.TransferSigner || len(csr.Status.Certificate) > 0 ||
+	if csr.Spec.SignerName != r.Profile.Signer || len(csr.Status.Certificate) > 0 ||
 		condition(&csr, certificatesv1.CertificateDenied) || condition(&csr, certificatesv1.CertificateFailed) {
 		return reconcile.Result{}, nil
 	}
 	lg := log.FromContext(ctx).WithValues("csr", csr.Name, "requester", csr.Spec.Username)
-	node, err := transfercert.Check(&csr, r.NodeUser)
+	node, err := r.Profile.Check(&csr, r.NodeUser)
 	if err != nil {
-		lg.Info("Refusing a transfer certificate request", "reason", err.Error())
-		msg := "podvol's transfer signer: " + err.Error()
+		lg.Info("Refusing a certificate request", "signer", r.Profile.Signer, "reason", err.Error())
+		msg := "podvol's " + r.Profile.Name + " signer: " + err.Error()
 		if condition(&csr, certificatesv1.CertificateApproved) {
 			// Approved by someone else: a CSR cannot be both approved and
 			// denied, so the refusal to sign is a failure.
@@ -120,7 +128,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	pemCert, err := ca.Sign(&csr, node, r.Now())
+	pemCert, err := ca.SignFor(r.Profile, &csr, node, r.Now())
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("sign CSR %s for node %s: %w", csr.Name, node, err)
 	}
@@ -128,7 +136,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.Client.Status().Update(ctx, &csr); err != nil {
 		return reconcile.Result{}, err
 	}
-	lg.Info("Signed a transfer certificate", "node", node)
+	lg.Info("Signed a certificate", "signer", r.Profile.Signer, "node", node)
 	return reconcile.Result{}, nil
 }
 
@@ -144,36 +152,36 @@ func condition(csr *certificatesv1.CertificateSigningRequest, t certificatesv1.R
 // ca reads the CA's Secret, making it if missing, and makes sure the
 // ConfigMap publishes its certificate.
 func (r *Reconciler) ca(ctx context.Context) (*transfercert.CA, error) {
-	key := types.NamespacedName{Namespace: r.Namespace, Name: names.TransferCA}
+	key := types.NamespacedName{Namespace: r.Namespace, Name: r.Profile.CA}
 	var sec corev1.Secret
 	err := r.APIReader.Get(ctx, key, &sec)
 	if apierrors.IsNotFound(err) {
 		var certPEM, keyPEM []byte
-		if certPEM, keyPEM, err = transfercert.NewCA(r.Now()); err != nil {
+		if certPEM, keyPEM, err = r.Profile.NewCA(r.Now()); err != nil {
 			return nil, err
 		}
-		sec = corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: names.TransferCA,
+		sec = corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: r.Profile.CA,
 			Labels: map[string]string{"app.kubernetes.io/part-of": "podvol"}},
 			Type: corev1.SecretTypeTLS, Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}}
 		err = r.Client.Create(ctx, &sec)
 		if apierrors.IsAlreadyExists(err) {
 			err = r.APIReader.Get(ctx, key, &sec)
 		} else if err == nil {
-			log.FromContext(ctx).Info("Made the transfer CA", "secret", key.String())
+			log.FromContext(ctx).Info("Made the CA", "signer", r.Profile.Signer, "secret", key.String())
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("the transfer CA's Secret %s: %w", key, err)
+		return nil, fmt.Errorf("the %s CA's Secret %s: %w", r.Profile.Name, key, err)
 	}
 	ca, err := transfercert.ParseCA(sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey])
 	if err != nil {
-		return nil, fmt.Errorf("the transfer CA's Secret %s: %w (delete it to make a new CA; every node then asks for a new certificate)", key, err)
+		return nil, fmt.Errorf("the %s CA's Secret %s: %w (delete it to make a new CA; every node then asks for a new certificate)", r.Profile.Name, key, err)
 	}
 	var cm corev1.ConfigMap
 	err = r.APIReader.Get(ctx, key, &cm)
 	switch {
 	case apierrors.IsNotFound(err):
-		cm = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: names.TransferCA,
+		cm = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: r.Profile.CA,
 			Labels: map[string]string{"app.kubernetes.io/part-of": "podvol"}},
 			Data: map[string]string{names.TransferCAKey: string(ca.CertPEM)}}
 		err = client.IgnoreAlreadyExists(r.Client.Create(ctx, &cm))
@@ -186,7 +194,7 @@ func (r *Reconciler) ca(ctx context.Context) (*transfercert.CA, error) {
 		err = r.Client.Patch(ctx, &cm, patch)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("publish the transfer CA in ConfigMap %s: %w", key, err)
+		return nil, fmt.Errorf("publish the %s CA in ConfigMap %s: %w", r.Profile.Name, key, err)
 	}
 	return ca, nil
 }
