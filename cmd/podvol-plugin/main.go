@@ -70,6 +70,9 @@ func main() {
 		trimEvery   = flag.Duration("trim-interval", time.Hour, "with --discard="+node.DiscardFstrim+", how often staged volumes are trimmed; 0: only at unstage")
 		xferAddr    = flag.String("transfer-address", "", "address to serve transfers of volumes' data to other nodes' plugins on, e.g. :9816 (mutual TLS with node certificates from podvol-controller's transfer-signer); its port is where this plugin reaches other nodes' too; empty: off (a restore from another node's snapshot is then NOT_FOUND)")
 		xferRate    = flag.String("transfer-rate-limit", "0", "bytes per second this node serves to all transfers together, e.g. 200Mi; 0: no limit")
+		xferServe   = flag.Int("transfer-max-serving", 8, "pulls this node serves to other nodes at once; more are refused as busy and retried later (each holds about 8 MiB of memory while it streams)")
+		xferServe1  = flag.Int("transfer-max-serving-per-node", 4, "pulls this node serves to any one node at once (at most --transfer-max-serving)")
+		xferPulling = flag.Int("transfer-max-pulling", 4, "pulls this node runs at once for its own restores, clones and migrations; more wait their turn (each holds about 8 MiB of memory while it streams)")
 		xferIdle    = flag.Duration("transfer-idle-timeout", transfer.DefaultIdleTimeout, "a pull whose source sends nothing for this long (no answer, no next chunk of at most 1 MiB) fails and is retried; it must exceed a chunk's time at the slowest rate a pull gets")
 		namespace   = flag.String("namespace", os.Getenv("POD_NAMESPACE"), "podvol's namespace, where the transfer CA's ConfigMap is (with --transfer-address)")
 		showVersion = flag.Bool("version", false, "print the version and exit")
@@ -106,7 +109,8 @@ func main() {
 		metricsCert: *metricsCert, metricsKey: *metricsKey, metricsAudience: *metricsAud, sidecars: *sidecars,
 		maxVolumes: *maxVolumes, kubeletDir: *kubeletDir, inlineSize: *inlineSize, gcInterval: *gcInterval,
 		kataDir: *kataDir, sandboxDirs: strings.Split(*sandboxDirs, ","), kubeconfig: *kubeconfig, regDir: *regDir, regPath: *regPath, unknownImages: *unknownImgs, directIO: *directIO, discard: *discard, trimInterval: *trimEvery,
-		transferAddr: *xferAddr, transferRate: *xferRate, transferIdle: *xferIdle, namespace: *namespace}
+		transferAddr: *xferAddr, transferRate: *xferRate, transferIdle: *xferIdle,
+		transferMaxServing: *xferServe, transferMaxServingPerNode: *xferServe1, transferMaxPulling: *xferPulling, namespace: *namespace}
 	if err := run(cfg); err != nil {
 		klog.ErrorS(err, "podvol-plugin failed")
 		klog.Flush()
@@ -135,6 +139,9 @@ type config struct {
 	trimInterval                      time.Duration
 	transferAddr, transferRate        string
 	transferIdle                      time.Duration
+	transferMaxServing                int
+	transferMaxServingPerNode         int
+	transferMaxPulling                int
 	namespace                         string
 }
 

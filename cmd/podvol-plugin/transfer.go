@@ -53,6 +53,12 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 	if c.transferIdle <= 0 {
 		return nil, nil, nil, fmt.Errorf("--transfer-idle-timeout must be positive")
 	}
+	// Each pull holds its buffers while it streams: the bounds are what
+	// the plugin's memory limit is sized for (the chart's resources).
+	if c.transferMaxServing < 1 || c.transferMaxServingPerNode < 1 || c.transferMaxPulling < 1 {
+		return nil, nil, nil, fmt.Errorf("--transfer-max-serving (%d), --transfer-max-serving-per-node (%d) and --transfer-max-pulling (%d) must be at least 1",
+			c.transferMaxServing, c.transferMaxServingPerNode, c.transferMaxPulling)
+	}
 	var limiter *rate.Limiter
 	if q.Value() > 0 {
 		limiter = rate.NewLimiter(rate.Limit(q.Value()), max(int(q.Value()), transfer.ChunkSize))
@@ -85,6 +91,8 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 		}},
 		Limiter:  limiter,
 		Mismatch: warnings.Mismatch,
+		MaxPulls: c.transferMaxServing, MaxPullsPerCaller: min(c.transferMaxServingPerNode, c.transferMaxServing),
+		IdleTimeout: c.transferIdle,
 	}
 	lis, err := net.Listen("tcp", c.transferAddr)
 	if err != nil {
@@ -101,8 +109,9 @@ func startTransfers(ctx context.Context, c config, kc kubernetes.Interface, pool
 		go (&mobility.Sweeper{Client: kc, Pools: pools, Delete: deleteUnclaimed}).Run(ctx)
 	}
 	im = &mobility.Importer{Credentials: creds, Resolver: mobility.NodeAddresses{Client: kc, Port: port}, Claims: kc, Driver: names.Driver, Warnings: warnings,
-		IdleTimeout: c.transferIdle}
+		IdleTimeout: c.transferIdle, MaxPulls: c.transferMaxPulling}
 	im.Start(ctx, pools)
-	klog.InfoS("Transfers on", "address", c.transferAddr, "rateLimitBytesPerSecond", q.Value())
+	klog.InfoS("Transfers on", "address", c.transferAddr, "rateLimitBytesPerSecond", q.Value(),
+		"maxServing", c.transferMaxServing, "maxServingPerNode", c.transferMaxServingPerNode, "maxPulling", c.transferMaxPulling, "idleTimeout", c.transferIdle)
 	return im, srv, serve, nil
 }

@@ -140,13 +140,14 @@ func TestEveryOption(t *testing.T) {
 		"--inline-pools=default,bulk", `resources: ["nodes"]` + "\n    verbs: [\"get\"]", "pool: \"fast\"",
 		"value: \"/var/lib/k0s/kubelet\"", "path: /var/lib/k0s/kubelet/plugins_registry,", "mountPath: /var/lib/k0s/kubelet,",
 		"--metrics-address=:19808", "port: 19808,",
+		"--transfer-max-serving=16\n", "--transfer-max-serving-per-node=2\n", "--transfer-max-pulling=6\n",
 		"priorityClassName: system-cluster-critical", "key: storage", "podvol.io/storage-node: \"true\"", "kubernetes.io/os",
 		"example.invalid/scrape: \"true\"", "maxUnavailable: 10%",
 		// controller
 		"replicas: 2", "--node-loss-grace-period=90s", "--metrics-address=:19809", "--health-address=:19810",
 		"containerPort: 19810", "node-role.kubernetes.io/control-plane: \"\"", "podAntiAffinity",
 		// resources, extra args
-		"memory: 512Mi", "memory: 256Mi", `"--trim-interval=30m"`, `"--max-volumes=100"`, `"--worker-threads=20"`, `"--workers=5"`, `"--kube-api-qps=30"`,
+		"memory: 1Gi", "memory: 256Mi", `"--trim-interval=30m"`, `"--max-volumes=100"`, `"--worker-threads=20"`, `"--workers=5"`, `"--kube-api-qps=30"`,
 		// classes
 		"name: fast\n", "storageclass.kubernetes.io/is-default-class: \"true\"", "reclaimPolicy: Retain", "allowVolumeExpansion: false",
 		"- noatime", "fsGroupChangePolicy: \"OnRootMismatch\"", "releaseOnNodeLoss: \"false\"", "directAssign: \"always\"",

@@ -82,6 +82,10 @@ type Importer struct {
 	// IdleTimeout: a pull whose source sends nothing for this long fails
 	// and is retried; transfer.DefaultIdleTimeout if 0.
 	IdleTimeout time.Duration
+	// MaxPulls bounds the pulls this node runs at once (each holds a few
+	// chunks, 8 MiB, while it streams); the others wait their turn. 0: no
+	// bound.
+	MaxPulls int
 	// Warnings, if not nil, tells the claims of a pull what their users
 	// must act on (the two nodes' plugins of different versions).
 	Warnings *Warnings
@@ -92,6 +96,7 @@ type Importer struct {
 	ctx    context.Context
 	jobs   map[string]*job  // by volume id
 	failed map[string]error // by volume name
+	slots  chan struct{}    // MaxPulls of them, made at the first pull
 }
 
 type job struct {
@@ -107,6 +112,11 @@ type job struct {
 	copied int64
 	// warned: the last warning posted on the claims.
 	warned string
+	// queued: waiting for one of the node's MaxPulls; busy: the source
+	// answered that it serves as many pulls as it may (when to retry).
+	queued int
+	busy   error
+	retry  time.Time
 }
 
 // Start gives the Importer the context its pulls run in (the plugin's) and
@@ -173,10 +183,50 @@ func (j *job) status() string {
 		// a snapshot): its node says why.
 		msg += fmt.Sprintf("; nothing is copied while a pod uses the source volume on node %s: %v", j.node, j.waiting)
 	}
+	if j.queued > 0 {
+		msg += fmt.Sprintf("; waiting for one of the %d pulls this node runs at once to finish", j.queued)
+	}
+	if j.busy != nil {
+		msg += fmt.Sprintf("; the source node is busy (it serves as many pulls as it may at once), trying again later, in %s: %v",
+			time.Until(j.retry).Round(time.Second), j.busy)
+	}
 	if j.last != nil {
 		msg += fmt.Sprintf("; attempt %d failed, retrying: %v", j.attempts, j.last)
 	}
 	return msg
+}
+
+// slot waits for one of the MaxPulls (none: no bound) and returns its
+// release; nil if ctx ended first.
+func (im *Importer) slot(ctx context.Context, j *job) func() {
+	if im.MaxPulls <= 0 {
+		return func() {}
+	}
+	im.mu.Lock()
+	if im.slots == nil {
+		im.slots = make(chan struct{}, im.MaxPulls)
+	}
+	slots := im.slots
+	im.mu.Unlock()
+	select {
+	case slots <- struct{}{}:
+		return func() { <-slots }
+	default:
+	}
+	im.mu.Lock()
+	j.queued = im.MaxPulls
+	im.mu.Unlock()
+	defer func() {
+		im.mu.Lock()
+		j.queued = 0
+		im.mu.Unlock()
+	}()
+	select {
+	case slots <- struct{}{}:
+		return func() { <-slots }
+	case <-ctx.Done():
+		return nil
+	}
 }
 
 // Failed returns, once, why the pull for the volume named name was given
@@ -205,7 +255,12 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 		im.mu.Unlock()
 	}()
 	for {
+		release := im.slot(ctx, j)
+		if release == nil {
+			return // the plugin stops: resumed at the next start
+		}
 		res, err := im.pull(ctx, p, v.ID, j)
+		release()
 		if errors.Is(err, errNotImporting) {
 			// Made ready by an earlier job (this one was started by a
 			// CreateVolume that read the record just before), or deleted.
@@ -234,6 +289,24 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 			}
 			continue
 		}
+		if errors.Is(err, transfer.ErrBusy) {
+			// The source serves as many pulls as it may: not a failure
+			// (not counted, not a warning), but said on the claim.
+			im.mu.Lock()
+			j.busy, j.last, j.retry = err, nil, time.Now().Add(retry)
+			im.mu.Unlock()
+			log.Info("The source node is busy; trying again later", "err", err, "retryIn", retry)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(retry):
+			}
+			retry = min(retry*2, retryMax)
+			continue
+		}
+		im.mu.Lock()
+		j.busy = nil
+		im.mu.Unlock()
 		if err == nil {
 			// The claim was checked when the pull began, which may have
 			// been long ago: a claim deleted meanwhile would leave a ready
@@ -418,7 +491,7 @@ func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) (
 				im.pulled.Add(d)
 			}
 			j.progress = pr
-			j.waiting = nil
+			j.waiting, j.busy = nil, nil
 			im.mu.Unlock()
 		},
 		SyncEvery: im.SyncEvery,

@@ -137,6 +137,9 @@ type nodes struct {
 	warnings atomic.Pointer[Warnings]
 	// freezes counts the source's volume quiesced for a cut.
 	freezes atomic.Int64
+	// front, if set, sees each request to node-a first; true: it
+	// answered.
+	front atomic.Pointer[func(http.ResponseWriter, *http.Request) bool]
 }
 
 // asNodeA is node-a's server: its Mismatch posts with n.warnings, and
@@ -146,6 +149,9 @@ func (n *nodes) asNodeA(srv *transfer.Server) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if n.oldTarget.Load() {
 			r.Header.Del("Podvol-Transfer-Version")
+		}
+		if f := n.front.Load(); f != nil && (*f)(w, r) {
+			return
 		}
 		srv.ServeHTTP(w, r)
 	})

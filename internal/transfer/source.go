@@ -10,7 +10,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
@@ -33,8 +35,56 @@ type Server struct {
 	// Limiter, if not nil, is shared by every pull this server serves: the
 	// node's bandwidth for transfers. Its burst must be at least ChunkSize.
 	Limiter *rate.Limiter
+	// MaxPulls bounds the pulls served at once, MaxPullsPerCaller those
+	// of one caller (a node); 0: no bound. Each pull holds readDepth
+	// chunks (8 MiB) of this node's memory while it streams, and its
+	// caller's authorization costs API requests: one past either bound is
+	// refused at once (503, or 429 for one caller's), which the puller
+	// reads as ErrBusy and retries later.
+	MaxPulls, MaxPullsPerCaller int
+	// IdleTimeout, if not 0, ends a pull whose writes make no progress
+	// for that long (its caller stopped reading), freeing its slot.
+	IdleTimeout time.Duration
 
 	sent atomic.Int64
+
+	mu       sync.Mutex
+	serving  int
+	byCaller map[string]int
+}
+
+// ErrBusy: the source serves as many pulls as it may at once (in all, or
+// to this node). Not a failure: the puller tries again later.
+var ErrBusy = errors.New("the source node is busy: try again later")
+
+// busyRetry is the Retry-After of a refusal for being busy, in seconds:
+// about what a pull of a few GiB takes.
+const busyRetry = 10
+
+// take gives caller a slot for one pull, or says why not (the status to
+// answer with, and the message): release frees it.
+func (s *Server) take(caller string) (release func(), status int, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.MaxPullsPerCaller > 0 && s.byCaller[caller] >= s.MaxPullsPerCaller:
+		return nil, http.StatusTooManyRequests, fmt.Sprintf("this node serves %d pulls to node %s at once, the most it serves one node", s.byCaller[caller], caller)
+	case s.MaxPulls > 0 && s.serving >= s.MaxPulls:
+		return nil, http.StatusServiceUnavailable, fmt.Sprintf("this node serves %d pulls at once, the most it serves", s.serving)
+	}
+	if s.byCaller == nil {
+		s.byCaller = map[string]int{}
+	}
+	s.serving++
+	s.byCaller[caller]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.serving--
+		if s.byCaller[caller]--; s.byCaller[caller] == 0 {
+			delete(s.byCaller, caller)
+		}
+	}, 0, ""
 }
 
 // SentBytes is the data (not zeros) sent to pulls so far.
@@ -69,6 +119,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Caller = caller
 	log := klog.FromContext(r.Context()).WithValues("caller", caller, "source", req.Source, "claim", req.Claim.String(), "from", req.From)
+	// Before the authorizer, whose API requests the bound covers too.
+	release, status, msg := s.take(caller)
+	if release == nil {
+		log.Info("Refused a pull: busy", "why", msg)
+		w.Header().Set("Retry-After", strconv.Itoa(busyRetry))
+		http.Error(w, msg, status)
+		return
+	}
+	defer release()
 	if err := s.Authorizer.Authorize(r.Context(), &req); err != nil {
 		log.Info("Refused a pull", "err", err)
 		http.Error(w, err.Error(), statusOf(err))
@@ -132,7 +191,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusOK)
 	log.V(2).Info("Serving a pull", "bytes", total, "since", req.Since, "changes", img.Base != nil, "more", img.More)
-	fw := newWriter(w)
+	var out io.Writer = w
+	if s.IdleTimeout > 0 {
+		out = deadlines{w, http.NewResponseController(w), s.IdleTimeout}
+	}
+	fw := newWriter(out)
 	if err := s.stream(r.Context(), img, spans, fw); err != nil {
 		// The caller may be gone (its context ends the stream); if not, it
 		// learns why the stream ends early.
@@ -143,6 +206,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := fw.end(); err != nil {
 		log.Info("A pull ended early", "err", err)
 	}
+}
+
+// deadlines gives each write to w idle to be taken: a caller that stops
+// reading does not keep its slot and buffers. (A writer that has no
+// deadlines, a test's wrapper, is written to as it is.)
+type deadlines struct {
+	w    io.Writer
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (d deadlines) Write(b []byte) (int, error) {
+	_ = d.rc.SetWriteDeadline(time.Now().Add(d.idle))
+	return d.w.Write(b)
 }
 
 // stream writes the image's spans: each in chunks, a chunk of zeros as its
@@ -407,6 +484,8 @@ func errorOf(resp *http.Response) error {
 		return fmt.Errorf("%s: %w", msg, errkind.ErrInUse)
 	case http.StatusUpgradeRequired:
 		return fmt.Errorf("%s: %w", msg, ErrVersion)
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		return fmt.Errorf("%s: %w", msg, ErrBusy)
 	}
 	return errors.New(msg)
 }
