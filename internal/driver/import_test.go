@@ -218,7 +218,7 @@ func TestCutForTransfer(t *testing.T) {
 // mark is cleared; a new copy's claim takes the mark over.
 func TestCutForMove(t *testing.T) {
 	ctx := context.Background()
-	f := newFakeNode(t)
+	f := newFakeNodeReflink(t, true)
 	id, staging := f.createStaged(nil)
 	claim := store.Claim{Namespace: "team-a", Name: "data-moving", UID: "0b1c2d3e-0000-4000-8000-00000000000b"}
 	p, first, moving, err := f.d.CutForMove(id, claim)
@@ -296,5 +296,27 @@ func TestDeleteUnclaimed(t *testing.T) {
 	}
 	if err := f.d.DeleteUnclaimed(ctx, "pv-0123456789abcdef0123456f", func(*store.Volume) error { return nil }); !errors.Is(err, errkind.ErrNotFound) {
 		t.Fatalf("a volume this node does not hold: %v, want not found", err)
+	}
+}
+
+// On a pool without reflink a snapshot is a copy, made with the volume's
+// filesystem frozen: a migration's first copy would stop the pod's writes
+// for the whole copy. None is cut: the data is copied once the pod is gone.
+func TestCutForMoveOnACopyPool(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeNode(t)
+	id, staging := f.createStaged(nil)
+	claim := store.Claim{Namespace: "team-a", Name: "data-moving", UID: "0b1c2d3e-0000-4000-8000-00000000000d"}
+	if _, first, moving, err := f.d.CutForMove(id, claim); !errors.Is(err, errkind.ErrInUse) || first != nil || moving != nil || !strings.Contains(err.Error(), "no reflink") {
+		t.Fatalf("cut of a staged volume on a copy pool: %+v, %+v, %v; want none, in use, saying why", first, moving, err)
+	}
+	if log := f.dev.FreezeLog(); len(log) != 0 {
+		t.Errorf("the volume was frozen: %v", log)
+	}
+	if _, err := f.d.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, first, moving, err := f.d.CutForMove(id, claim); err != nil || first != nil || moving == nil {
+		t.Fatalf("cut of the unstaged volume: %+v, %+v, %v; want the volume whole, marked moving", first, moving, err)
 	}
 }

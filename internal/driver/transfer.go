@@ -54,6 +54,12 @@ func (d *Driver) CutForMove(id string, claim store.Claim) (p *pool.Pool, first *
 		return nil, nil, nil, err
 	}
 	if v.Moving == nil && (v.Stage != nil || len(v.Publications) > 0) {
+		if !pl.Pool.Reflink() && (v.Stage == nil || !v.Stage.Block) {
+			// A copy under the filesystem's freeze would stop the pod's
+			// writes for the whole copy. (A raw block volume's refusal
+			// is the snapshot's own.)
+			return nil, nil, nil, fmt.Errorf("pool %s has no reflink: a first copy of volume %s while a pod uses it would stop the pod's writes for the whole copy (XFS or btrfs pools copy in constant time); its data is copied once no pod does: %w", pl.Pool.Name(), id, errkind.ErrInUse)
+		}
 		s, err := pl.Pool.CreateSnapshot(pool.SnapshotRequest{Name: snap, SourceID: id, Quiesce: pl.Node.Quiesce, For: &claim})
 		if errors.Is(err, errkind.ErrNoSpace) {
 			return nil, nil, nil, fmt.Errorf("no room in pool %s for a snapshot of volume %s while a pod uses it (%w): its data is copied once no pod does: %w", pl.Pool.Name(), id, err, errkind.ErrInUse)

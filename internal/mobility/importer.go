@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,7 +48,7 @@ type NodeAddresses struct {
 func (r NodeAddresses) Address(ctx context.Context, node string) (string, error) {
 	n, err := r.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return "", fmt.Errorf("node %s, which holds the snapshot, is not in the cluster: %w", node, errkind.ErrNotFound)
+		return "", fmt.Errorf("node %s, which holds the source, is not in the cluster: %w (%w)", node, errNodeGone, errkind.ErrNotFound)
 	}
 	if err != nil {
 		return "", fmt.Errorf("node %s's address: %w", node, err)
@@ -89,6 +90,9 @@ type Importer struct {
 	// Warnings, if not nil, tells the claims of a pull what their users
 	// must act on (the two nodes' plugins of different versions).
 	Warnings *Warnings
+	// InUsePoll is how often a migration's target asks whether the
+	// source's volume is free for the last of its data (3 s if 0).
+	InUsePoll time.Duration
 
 	pulled, done, givenUp atomic.Int64
 
@@ -117,6 +121,8 @@ type job struct {
 	queued int
 	busy   error
 	retry  time.Time
+	// noPreCopy: the claim was told no first copy comes (PreCopied False).
+	noPreCopy bool
 }
 
 // Start gives the Importer the context its pulls run in (the plugin's) and
@@ -272,8 +278,14 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 			if err = p.RecordImport(v.ID, "", res.Identity, res.Size, 0); err == nil {
 				im.mu.Lock()
 				j.copied += res.Sent
+				copied := j.copied
 				im.mu.Unlock()
 				log.Info("Pulled a first copy of a volume in use; the rest follows once it is not", "bytes", res.Sent, "duration", res.Duration.Round(time.Millisecond))
+				// podvol-controller lets the pod be evicted once it reads
+				// this (its PodDisruptionBudget goes).
+				im.tellClaim(ctx, v, corev1.PersistentVolumeClaimCondition{Type: names.PreCopied, Status: corev1.ConditionTrue, Reason: "Verified",
+					Message: fmt.Sprintf("a first copy (%s) of volume %s, as it was%s, is on this claim's node; the rest follows once no pod uses the source volume on node %s",
+						humanBytes(copied), v.Source.ID, at(res.Identity), v.Source.Node)})
 				continue
 			}
 		}
@@ -281,11 +293,26 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 			// The source's volume is still used by a pod: not a failure.
 			im.mu.Lock()
 			j.waiting, j.last = err, nil
+			tell := !j.noPreCopy && j.copied == 0
+			j.noPreCopy = true
 			im.mu.Unlock()
+			if tell {
+				if rec, rerr := p.Store().Volume(v.ID); rerr == nil && rec.Import != nil && rec.Import.Base == "" {
+					// No first copy while the pod runs (no room for its
+					// snapshot, no reflink): podvol-controller lets the
+					// pod be evicted at once rather than wait for one.
+					im.tellClaim(ctx, v, corev1.PersistentVolumeClaimCondition{Type: names.PreCopied, Status: corev1.ConditionFalse,
+						Reason: "NotTaken", Message: "no first copy is taken while the pod runs: " + err.Error()})
+				}
+			}
+			poll := im.InUsePoll
+			if poll <= 0 {
+				poll = inUsePoll
+			}
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(inUsePoll):
+			case <-time.After(poll):
 			}
 			continue
 		}
@@ -315,10 +342,28 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 				if _, err = p.FinishImport(ctx, v.ID); err == nil {
 					im.done.Add(1)
 					took := time.Since(j.started).Round(time.Millisecond)
-					log.Info("Pulled a volume's data", "duration", took, "bytes", j.copied+res.Sent, "changesSince", res.Base)
-					im.tellClaim(ctx, v, fmt.Sprintf("%s of %s %s pulled from node %s in %s and verified",
-						humanBytes(j.copied+res.Sent), v.Source.Kind, v.Source.ID, v.Source.Node, took))
+					moved := j.copied + res.Sent
+					if moved == 0 && res.Resumed == res.Size {
+						moved = res.Size // complete before a restart
+					}
+					log.Info("Pulled a volume's data", "duration", took, "bytes", moved, "changesSince", res.Base)
+					im.tellClaim(ctx, v, dataCopied("Verified", fmt.Sprintf("%s of %s %s pulled from node %s in %s and verified",
+						humanBytes(moved), v.Source.Kind, v.Source.ID, v.Source.Node, took)))
 					return
+				}
+			}
+		}
+		if err != nil && ctx.Err() == nil && !errors.Is(err, errkind.ErrInUse) {
+			if why := im.sourceLost(ctx, v, err); why != "" {
+				kept, kerr := im.keepCopy(ctx, p, v, why)
+				if kept {
+					im.done.Add(1)
+					return
+				}
+				if kerr != nil {
+					err = kerr // retried: the copy is kept meanwhile
+				} else {
+					err = fmt.Errorf("%s, and this node holds no copy of it that is one instant: %w", why, errSourceLost)
 				}
 			}
 		}
@@ -337,10 +382,16 @@ func (im *Importer) run(ctx context.Context, p *pool.Pool, v *store.Volume, j *j
 			}
 			im.failed[v.Name] = fmt.Errorf("copying %s %s from node %s: %w", v.Source.Kind, v.Source.ID, v.Source.Node, err)
 			im.mu.Unlock()
+			if errors.Is(err, errSourceLost) {
+				// podvol-controller cancels a migration whose copy says so.
+				im.tellClaim(ctx, v, corev1.PersistentVolumeClaimCondition{Type: names.DataCopied, Status: corev1.ConditionFalse,
+					Reason: names.ReasonSourceLost, Message: err.Error()})
+			}
+			// Counted before the volume goes, which is what a waiter sees.
+			im.givenUp.Add(1)
 			if aerr := p.AbandonImport(v.ID); aerr != nil && !errors.Is(aerr, errkind.ErrNotFound) {
 				log.Error(aerr, "Cannot delete the volume of an abandoned pull")
 			}
-			im.givenUp.Add(1)
 			return
 		}
 		im.mu.Lock()
@@ -405,6 +456,108 @@ func final(err error) bool {
 // errNotImporting: the volume is no longer importing (ready, or gone).
 var errNotImporting = errors.New("not importing")
 
+// errNodeGone: the source's Node is not in the cluster (NodeAddresses).
+var errNodeGone = errors.New("node gone")
+
+// errSourceLost: the source is lost for good and the copy holds no
+// instant of it; final (it wraps errkind.ErrNotFound).
+var errSourceLost = fmt.Errorf("source lost: %w", errkind.ErrNotFound)
+
+// sourceLost says why the node v's data comes from is lost for good, ""
+// if it is not known to be: its Node is gone from the cluster, or, for a
+// volume, podvol-controller's node-loss marked the source's PV
+// (names.MigrationSourceLost) once the node's kubelet stayed away. A
+// source that only does not answer may come back: the pull goes on.
+func (im *Importer) sourceLost(ctx context.Context, v *store.Volume, err error) string {
+	if errors.Is(err, errNodeGone) {
+		return fmt.Sprintf("node %s is no longer in the cluster", v.Source.Node)
+	}
+	if final(err) || v.Source.Kind != store.FromVolume || im.Claims == nil || v.Import == nil {
+		return ""
+	}
+	pvc, gerr := im.Claims.CoreV1().PersistentVolumeClaims(v.Import.ClaimNamespace).Get(ctx, v.Import.ClaimName, metav1.GetOptions{})
+	if gerr != nil || string(pvc.UID) != v.Import.ClaimUID {
+		return ""
+	}
+	pv, gerr := ClonedPV(ctx, im.Claims, im.Driver, pvc)
+	if gerr != nil || pv.Spec.CSI.VolumeHandle != v.Source.ID {
+		return ""
+	}
+	if at := pv.Annotations[names.MigrationSourceLost]; at != "" {
+		return fmt.Sprintf("node %s is lost (its kubelet stayed away after its Node was deleted; podvol's node-loss judged so at %s)", v.Source.Node, at)
+	}
+	return ""
+}
+
+// keepCopy makes v ready from what it holds once its source is lost, if
+// that is one instant: a migration's pre-copy (the record says the copy is
+// its Base), or a pull complete and verified. The claim's DataCopied says
+// which instant (reason names.ReasonPreCopyOnly for a pre-copy). false
+// and no error: nothing to keep (a copy half pulled, or half changed
+// towards the last data, is no instant); an error: the copy is kept, and
+// asked about again.
+func (im *Importer) keepCopy(ctx context.Context, p *pool.Pool, v *store.Volume, why string) (bool, error) {
+	rec, err := p.Store().Volume(v.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if rec.State == store.Ready {
+		return true, nil
+	}
+	if rec.State != store.Importing || rec.Import == nil {
+		return false, nil
+	}
+	imp := *rec.Import
+	preCopy := imp.Identity == "" && imp.Base != ""
+	if !preCopy && (imp.Identity == "" || imp.Size == 0 || imp.Verified != imp.Size) {
+		return false, nil
+	}
+	if preCopy {
+		// The copy is that image, whole and verified when it was pulled.
+		if err := p.RecordImport(v.ID, imp.Base, "", imp.Size, imp.Size); err != nil {
+			return false, err
+		}
+	}
+	if err := im.claimStands(ctx, rec); err != nil {
+		if errors.Is(err, errkind.ErrNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	if _, err := p.FinishImport(ctx, v.ID); err != nil {
+		if final(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	reason, msg := "Verified", fmt.Sprintf("volume %s pulled from node %s and verified; then %s", v.Source.ID, v.Source.Node, why)
+	if preCopy {
+		reason = names.ReasonPreCopyOnly
+		msg = fmt.Sprintf("%s before the last of volume %s's data was copied: this copy holds the volume as it was%s (its first copy, taken while its pod ran); what was written after that was lost with the node",
+			why, v.Source.ID, at(imp.Base))
+	}
+	klog.FromContext(ctx).Info("The source of a pull is lost: its copy here is kept", "volume", v.ID, "name", v.Name, "sourceNode", v.Source.Node, "preCopyOnly", preCopy, "why", why)
+	im.tellClaim(ctx, v, dataCopied(reason, msg))
+	return true, nil
+}
+
+// at is " at <time>" for an image identity that says when the image was
+// made (open's and move's: "<id>@<ns>", "<id>@moving-<ns>"), else "".
+func at(identity string) string {
+	_, after, ok := strings.Cut(identity, "@")
+	if !ok {
+		return ""
+	}
+	ns, err := strconv.ParseInt(strings.TrimPrefix(after, "moving-"), 10, 64)
+	if err != nil || ns <= 0 {
+		return ""
+	}
+	return " at " + time.Unix(0, ns).UTC().Format(time.RFC3339)
+}
+
 // claimStands says whether the claim a volume is pulled for is still
 // there, unbound (errkind.ErrNotFound if not). Without Claims, yes.
 func (im *Importer) claimStands(ctx context.Context, v *store.Volume) error {
@@ -424,37 +577,47 @@ func (im *Importer) claimStands(ctx context.Context, v *store.Volume) error {
 	return nil
 }
 
-// tellClaim sets the claim's DataCopied condition once its volume is
-// ready. Only a hint, so a failure is logged and not retried: the
-// provisioner's own retry still comes.
-func (im *Importer) tellClaim(ctx context.Context, v *store.Volume, msg string) {
+// tellClaim sets a condition of the claim v is pulled for: DataCopied once
+// its volume is ready (which wakes its provisioner), PreCopied once a
+// migration's first copy is in. Only a hint, so a failure is logged and not
+// retried: the provisioner's own retry still comes, and podvol-controller
+// lets the pod go once its wait for the pre-copy ends.
+func (im *Importer) tellClaim(ctx context.Context, v *store.Volume, c corev1.PersistentVolumeClaimCondition) {
 	if im.Claims == nil {
 		return
 	}
 	imp := v.Import
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second) // the job ends only when this does
 	defer cancel()
-	patch, err := DataCopiedPatch(imp.ClaimUID, msg)
+	patch, err := ConditionPatch(imp.ClaimUID, c)
 	if err == nil {
 		_, err = im.Claims.CoreV1().PersistentVolumeClaims(imp.ClaimNamespace).Patch(ctx, imp.ClaimName,
 			types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
 	}
 	if err != nil {
-		klog.FromContext(ctx).Info("Cannot set the claim's condition; its provisioner finds the volume ready at its next retry",
-			"claim", imp.ClaimNamespace+"/"+imp.ClaimName, "condition", names.DataCopied, "err", err)
+		klog.FromContext(ctx).Info("Cannot set the claim's condition",
+			"claim", imp.ClaimNamespace+"/"+imp.ClaimName, "condition", c.Type, "err", err)
 	}
+}
+
+func dataCopied(reason, message string) corev1.PersistentVolumeClaimCondition {
+	return corev1.PersistentVolumeClaimCondition{Type: names.DataCopied, Status: corev1.ConditionTrue, Reason: reason, Message: message}
 }
 
 // DataCopiedPatch is the strategic merge patch of a claim's status that
 // sets its DataCopied condition, for the claim of that UID only (not one
 // made again under its name).
 func DataCopiedPatch(claimUID, message string) ([]byte, error) {
+	return ConditionPatch(claimUID, dataCopied("Verified", message))
+}
+
+// ConditionPatch is the strategic merge patch of a claim's status that
+// sets condition c (now), for the claim of that UID only.
+func ConditionPatch(claimUID string, c corev1.PersistentVolumeClaimCondition) ([]byte, error) {
+	c.LastTransitionTime = metav1.Now()
 	return json.Marshal(map[string]any{
 		"metadata": map[string]any{"uid": claimUID},
-		"status": map[string]any{"conditions": []corev1.PersistentVolumeClaimCondition{{
-			Type: names.DataCopied, Status: corev1.ConditionTrue, Reason: "Verified", Message: message,
-			LastTransitionTime: metav1.Now(),
-		}}},
+		"status":   map[string]any{"conditions": []corev1.PersistentVolumeClaimCondition{c}},
 	})
 }
 
@@ -467,11 +630,20 @@ func (im *Importer) pull(ctx context.Context, p *pool.Pool, id string, j *job) (
 		return transfer.Result{}, err
 	}
 	defer f.Close()
+	imp := v.Import
+	if imp.Identity != "" && imp.Size > 0 && imp.Verified == imp.Size {
+		// Complete and verified (a pull whose source has more to come
+		// is recorded as held, never so): what is left is local, and a
+		// copy that the last step grew already is not pulled again.
+		if err := f.Truncate(imp.Size); err != nil {
+			return transfer.Result{}, fmt.Errorf("the copy of volume %s back to the %d bytes verified: %w", id, imp.Size, err)
+		}
+		return transfer.Result{Checkpoint: transfer.Checkpoint{Identity: imp.Identity, Size: imp.Size, Verified: imp.Size, Base: imp.Base}, Resumed: imp.Size}, nil
+	}
 	addr, err := im.Resolver.Address(ctx, v.Source.Node)
 	if err != nil {
 		return transfer.Result{}, err
 	}
-	imp := v.Import
 	im.mu.Lock()
 	j.progress = transfer.Progress{} // each attempt counts from where it resumes
 	im.mu.Unlock()

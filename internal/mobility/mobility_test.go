@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -125,8 +126,9 @@ type nodes struct {
 	data     []byte
 	authz    *authorizer
 	im       *Importer
-	// inUse: the source volume is staged (for Move).
-	inUse atomic.Bool
+	// inUse: the source volume is staged (for Move); noFirst: the source
+	// takes no first copy of it then (no room, no reflink).
+	inUse, noFirst atomic.Bool
 	// cutRefused: the source volume cannot be cut while in use (for
 	// Cut: a raw block volume on a pool without reflink, node.Quiesce).
 	cutRefused atomic.Bool
@@ -206,6 +208,9 @@ func setup(t *testing.T) *nodes {
 				},
 				// The driver's CutForMove, with "staged" a flag.
 				Move: func(id string, c store.Claim) (*pool.Pool, *store.Snapshot, *store.Volume, error) {
+					if n.inUse.Load() && n.noFirst.Load() {
+						return nil, nil, nil, fmt.Errorf("no first copy here: %w", errkind.ErrInUse)
+					}
 					if n.inUse.Load() {
 						s, err := n.src.CreateSnapshot(pool.SnapshotRequest{Name: pool.TransferSnapshotName(c.UID), SourceID: id, For: &c})
 						return n.src, s, nil, err
@@ -707,6 +712,7 @@ func TestImportMovesAVolumeInUse(t *testing.T) {
 	n := setup(t)
 	n.authz.move = true
 	n.inUse.Store(true)
+	n.im.InUsePoll = 20 * time.Millisecond
 	v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: "moved", SizeBytes: 64 << 20, FsType: "ext4",
 		Source: &store.Source{Kind: store.FromVolume, ID: n.vol.ID, Node: "node-a"},
 		Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "moved", ClaimUID: "uid-moved"}})
@@ -986,5 +992,219 @@ func TestPullOutOfSpaceIsFinal(t *testing.T) {
 	other := errors.New("connection reset")
 	if err := outOfSpace(p, other); err.Error() != other.Error() || errors.Is(err, errkind.ErrNoSpace) || final(err) {
 		t.Errorf("another error: %v (final %v), want it as it was, retried", err, final(err))
+	}
+}
+
+// condition is the claim's condition of that type, nil if it has none.
+func condition(t *testing.T, kc *fake.Clientset, claim, typ string) *corev1.PersistentVolumeClaimCondition {
+	t.Helper()
+	pvc, err := kc.CoreV1().PersistentVolumeClaims("team-a").Get(context.Background(), claim, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range pvc.Status.Conditions {
+		if string(pvc.Status.Conditions[i].Type) == typ {
+			return &pvc.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// A migration's source lost after its pre-copy (its Node gone from the
+// cluster, or its PV marked lost by node-loss while the node does not
+// answer) leaves the copy's node the only good copy: it is kept and made
+// ready, the claim saying which instant it holds; a copy that is no
+// instant (the last data half applied) is given up, the claim saying why.
+func TestImportKeepsThePreCopyWhenTheSourceIsLost(t *testing.T) {
+	for _, how := range []string{"node gone", "PV marked lost", "no instant"} {
+		t.Run(how, func(t *testing.T) {
+			ctx := context.Background()
+			n := setup(t)
+			n.authz.move = true
+			n.inUse.Store(true)
+			n.im.InUsePoll, n.im.RetryMax = 10*time.Millisecond, 50*time.Millisecond
+			_, port, err := net.SplitHostPort(n.im.Resolver.(staticResolver)["node-a"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			portN, _ := strconv.Atoi(port)
+			srcPV := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-src"},
+				Spec: corev1.PersistentVolumeSpec{
+					PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: names.Driver, VolumeHandle: n.vol.ID}},
+					ClaimRef:               &corev1.ObjectReference{Namespace: "team-a", Name: "data", UID: "uid-data"}}}
+			kc := fake.NewClientset(
+				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}}},
+				&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "data", UID: "uid-data"}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pv-src"}},
+				srcPV,
+				&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "moved", UID: "uid-moved"},
+					Spec: corev1.PersistentVolumeClaimSpec{DataSourceRef: &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "data"}}})
+			n.im.Claims, n.im.Driver = kc, names.Driver
+			n.im.Resolver = NodeAddresses{Client: kc, Port: portN}
+			v, err := n.dst.CreateVolume(ctx, pool.CreateRequest{Name: "moved", SizeBytes: 64 << 20, FsType: "ext4",
+				Source: &store.Source{Kind: store.FromVolume, ID: n.vol.ID, Node: "node-a"},
+				Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "moved", ClaimUID: "uid-moved"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if how == "no instant" {
+				// As a last pull cut short leaves it: changes towards the
+				// moving image half applied over the first copy.
+				if err := n.dst.RecordImport(v.ID, n.vol.ID+"@moving-1", "snap@1", 64<<20, 8<<20); err != nil {
+					t.Fatal(err)
+				}
+				if err := kc.CoreV1().Nodes().Delete(ctx, "node-a", metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				if got, said := n.wait(t, v); got != nil {
+					t.Fatalf("a copy that is no instant was made ready: %+v (%v)", got, said)
+				}
+				if err := n.im.Failed("moved"); !errors.Is(err, errkind.ErrNotFound) || !strings.Contains(err.Error(), "no copy of it that is one instant") {
+					t.Errorf("Failed: %v", err)
+				}
+				if c := condition(t, kc, "moved", names.DataCopied); c == nil || c.Status != corev1.ConditionFalse || c.Reason != names.ReasonSourceLost {
+					t.Errorf("the claim's DataCopied: %+v, want False, %s", c, names.ReasonSourceLost)
+				}
+				return
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for said := ""; !strings.Contains(said, "a first copy"); said = n.im.Ensure(n.dst, v) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the first copy never said it waits: %q", said)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if c := condition(t, kc, "moved", names.PreCopied); c == nil || c.Status != corev1.ConditionTrue || !strings.Contains(c.Message, "as it was at ") {
+				t.Errorf("the claim's PreCopied after the first copy: %+v", c)
+			}
+			snaps, err := n.src.TransferSnapshots()
+			if err != nil || len(snaps) != 1 {
+				t.Fatalf("the first copy's snapshot on the source: %v, %v", snaps, err)
+			}
+			first, err := os.ReadFile(n.src.SnapshotPath(snaps[0].ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The pod writes on; then its node is lost before it lets go.
+			f, err := os.OpenFile(n.src.ImagePath(n.vol.ID), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(bytes.Repeat([]byte{7}, 1<<20), 40<<20); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			switch how {
+			case "node gone":
+				err = kc.CoreV1().Nodes().Delete(ctx, "node-a", metav1.DeleteOptions{})
+			case "PV marked lost":
+				// The node answers no more (nothing listens there)...
+				node, _ := kc.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{})
+				node.Status.Addresses[0].Address = "127.0.0.2"
+				if _, err = kc.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+					break
+				}
+				time.Sleep(200 * time.Millisecond) // ...and that alone gives nothing up
+				if rec, err := n.dst.Store().Volume(v.ID); err != nil || rec.State != store.Importing {
+					t.Fatalf("a source that does not answer ended the pull: %+v, %v", rec, err)
+				}
+				srcPV.Annotations = map[string]string{names.MigrationSourceLost: "2026-12-03T10:00:00Z"}
+				_, err = kc.CoreV1().PersistentVolumes().Update(ctx, srcPV, metav1.UpdateOptions{})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, said := n.poll(t, v, false)
+			if got == nil {
+				t.Fatalf("the pre-copy was given up when its source was lost: %v (%v)", n.im.Failed("moved"), said)
+			}
+			img, err := os.ReadFile(n.dst.ImagePath(v.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(img, first) {
+				t.Fatal("the volume kept is not the first copy")
+			}
+			c := condition(t, kc, "moved", names.DataCopied)
+			if c == nil || c.Status != corev1.ConditionTrue || c.Reason != names.ReasonPreCopyOnly || !strings.Contains(c.Message, "as it was at ") {
+				t.Errorf("the claim's DataCopied: %+v, want True, %s, saying as of when", c, names.ReasonPreCopyOnly)
+			}
+		})
+	}
+}
+
+// A plugin stopped inside the last step of a pull (the copy complete and
+// verified, grown to the claim's size, not yet ready) finishes it at its
+// next start from what it holds: nothing is pulled again (here the source
+// refuses every pull, so a pull would give the copy up).
+func TestImportFinishesAfterAStopInItsLastStep(t *testing.T) {
+	n := setup(t)
+	v := n.restore(t, "restored", 96<<20, "ext4")
+	snap, err := os.ReadFile(n.src.SnapshotPath(n.snap.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(n.dst.ImagePath(v.ID), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt(snap, 0)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.dst.RecordImport(v.ID, n.snap.ID+"@1", "", int64(len(snap)), int64(len(snap))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(n.dst.ImagePath(v.ID), 96<<20); err != nil { // FinishImport's growth, then the stop
+		t.Fatal(err)
+	}
+	n.authz.err = fmt.Errorf("no pull expected: %w", errkind.ErrDenied)
+	got, said := n.wait(t, v)
+	if got == nil {
+		t.Fatalf("the copy was given up: %v (%v)", n.im.Failed("restored"), said)
+	}
+	n.authz.mu.Lock()
+	asked := len(n.authz.seen)
+	n.authz.mu.Unlock()
+	if asked != 0 {
+		t.Errorf("the source was asked %d times for a copy complete here", asked)
+	}
+	img, err := os.ReadFile(n.dst.ImagePath(v.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(img) != 96<<20 || !bytes.Equal(img[:len(snap)], snap) {
+		t.Fatalf("the volume (%d bytes) is not the snapshot grown to the claim's size", len(img))
+	}
+}
+
+// A source that takes no first copy while the pod runs: the copy's claim
+// is told at once (PreCopied False), so that the pod's eviction does not
+// wait for one; the whole is pulled once the pod is gone.
+func TestImportTellsWhenNoFirstCopyComes(t *testing.T) {
+	n := setup(t)
+	n.authz.move = true
+	n.inUse.Store(true)
+	n.noFirst.Store(true)
+	n.im.InUsePoll = 20 * time.Millisecond
+	kc := fake.NewClientset(&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "moved", UID: "uid-moved"}})
+	n.im.Claims = kc
+	v, err := n.dst.CreateVolume(context.Background(), pool.CreateRequest{Name: "moved", SizeBytes: 64 << 20, FsType: "ext4",
+		Source: &store.Source{Kind: store.FromVolume, ID: n.vol.ID, Node: "node-a"},
+		Import: &store.Import{ClaimNamespace: "team-a", ClaimName: "moved", ClaimUID: "uid-moved"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.im.Ensure(n.dst, v)
+	deadline := time.Now().Add(10 * time.Second)
+	for c := condition(t, kc, "moved", names.PreCopied); c == nil || c.Status != corev1.ConditionFalse || !strings.Contains(c.Message, "no first copy here"); c = condition(t, kc, "moved", names.PreCopied) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the claim's PreCopied: %+v, want False saying why", c)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n.inUse.Store(false)
+	if got, said := n.wait(t, v); got == nil {
+		t.Fatalf("the move was given up: %v (%v)", n.im.Failed("moved"), said)
 	}
 }

@@ -82,6 +82,30 @@ const (
 	MigrationOf      = "podvol.io/migration-of"
 	// MigratedFrom on the new PV names the PV it replaces.
 	MigratedFrom = "podvol.io/migrated-from"
+	// MigrationSourceLost on a PV being moved records when node-loss
+	// judged its node lost: the copy's node then keeps what it holds, if
+	// that is one instant (a pre-copy), or gives the copy up.
+	MigrationSourceLost = "podvol.io/migration-source-lost"
+	// MigrationFinalizer on a pod that uses a claim opted in holds the
+	// pod's deletion (and so a drain, which waits for its pods to be gone)
+	// while the data of a migration of its volume is not yet on its target.
+	MigrationFinalizer = "podvol.io/migration"
+	// MigrationLabel on the pods of a claim being moved (the claim's UID)
+	// selects them for the PodDisruptionBudget that holds their eviction
+	// until the pre-copy is in.
+	MigrationLabel = "podvol.io/migration"
+)
+
+// PreCopied is the condition the copy's node sets on a migration's copy
+// claim once the first copy, pulled while the pod runs, is in (status
+// True). DataCopied with status False and reason ReasonSourceLost: the
+// source's node was lost before the copy held one instant; with status
+// True and reason ReasonPreCopyOnly: it was lost after the pre-copy, which
+// the copy holds (the message says as of when).
+const (
+	PreCopied         = "podvol.io/PreCopied"
+	ReasonSourceLost  = "SourceLost"
+	ReasonPreCopyOnly = "PreCopyOnly"
 )
 
 // SnapshotManagedBy is external-snapshotter's label of the

@@ -137,7 +137,19 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 	}
 	if changes {
 		cp.Base = since
-	} else if from == 0 {
+	}
+	if p.Resume.Base != "" && p.Resume.Identity == "" && p.Checkpoint != nil {
+		// Dst holds an image whole (a migration's pre-copy), and is about
+		// to change: recorded first, so that it is never taken for that
+		// image again (a pre-copy kept when its source is lost must be
+		// one instant).
+		start := cp
+		start.Verified = from
+		if err := p.Checkpoint(start); err != nil {
+			return Result{}, fmt.Errorf("record that the copy of %s changes: %w", p.Resume.Base, err)
+		}
+	}
+	if !changes && from == 0 {
 		// Nothing of an earlier copy may survive: holes must be holes.
 		if err := p.Dst.Truncate(0); err != nil {
 			return Result{}, fmt.Errorf("empty the copy: %w", err)
@@ -233,7 +245,14 @@ func (p *Pull) Run(ctx context.Context) (Result, error) {
 			return res, p.stopped(cp, reached, cancelled(ctx, fmt.Errorf("pull %s from %s: the source failed: %s", p.Source, p.Address, peerText(f.msg))))
 		case frameEnd:
 			cp.Verified = cp.Size
-			if err := p.sync(cp); err != nil {
+			done := cp
+			if res.More {
+				// Held whole as the base of what comes next, and so
+				// recorded: a complete checkpoint would say the copy is
+				// the source's last image.
+				done = Holding(cp)
+			}
+			if err := p.sync(done); err != nil {
 				return res, err
 			}
 			res.Checkpoint = cp

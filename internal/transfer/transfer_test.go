@@ -1259,3 +1259,46 @@ func BenchmarkPull(b *testing.B) {
 		os.Remove(dst.Name())
 	}
 }
+
+// A copy that holds a whole image (a migration's pre-copy) is recorded as
+// changing before the first byte of the next pull reaches it: a record
+// that still says "the copy is that image" is true (the target keeps such
+// a copy when its source is lost).
+func TestPullRecordsTheChangeBeforeWriting(t *testing.T) {
+	fx := newFixture(t, nil, nil)
+	makeImage(t, filepath.Join(fx.dir, "vol.img"), 32<<20, []extent{{0, random(4 << 20)}})
+	fx.images.more = map[string]bool{"vol": true}
+	dst, dstPath := openDst(t)
+	pre := fx.pull(t, "vol", dst)
+	var preCPs []Checkpoint
+	pre.Checkpoint = func(cp Checkpoint) error { preCPs = append(preCPs, cp); return nil }
+	first, err := pre.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A pull the source says has more is recorded as held, never as the
+	// source's last image complete.
+	if n := len(preCPs); n == 0 || preCPs[n-1] != Holding(first.Checkpoint) {
+		t.Fatalf("the checkpoints of a pull with more to come: %+v, want the last one %+v", preCPs, Holding(first.Checkpoint))
+	}
+	held := fileSum(t, dstPath)
+	base := fx.images.keepBase(t, "vol")
+	makeImage(t, filepath.Join(fx.dir, "vol.img"), 32<<20, []extent{{0, random(4 << 20)}, {8 << 20, random(1 << 20)}})
+	fx.images.more = nil
+	p := fx.pull(t, "vol", dst)
+	p.Resume = Holding(first.Checkpoint)
+	var firstCP *Checkpoint
+	var heldThen bool
+	p.Checkpoint = func(cp Checkpoint) error {
+		if firstCP == nil {
+			firstCP, heldThen = &cp, fileSum(t, dstPath) == held
+		}
+		return nil
+	}
+	if _, err := p.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if firstCP == nil || firstCP.Identity == "" || firstCP.Identity == base || firstCP.Base != base || firstCP.Verified != 0 || !heldThen {
+		t.Fatalf("first checkpoint %+v (the copy unchanged then: %v); want the new image's, on base %s at 0, before the copy changed", firstCP, heldThen, base)
+	}
+}
