@@ -67,7 +67,9 @@ func main() {
 		apiBurst         = flag.Int("kube-api-burst", 100, "burst of queries to the API server above --kube-api-qps")
 		showVersion      = flag.Bool("version", false, "print the version and exit")
 		removeFinalizers = flag.Bool("remove-finalizers", false,
-			"uninstall: remove node-loss's finalizer from every Node (releasing nothing) and exit; scale deployment podvol-controller to 0 first, or it adds them again")
+			"uninstall: remove node-loss's finalizer from every Node (releasing nothing) and migration's from every pod (podvol.io/migration), delete migration's PodDisruptionBudgets, and exit; scale deployment podvol-controller to 0 first, or it adds them again")
+		preCopyWait = flag.Duration("migration-precopy-wait", migration.DefaultPreCopyWait,
+			"migration: how long, from a migration's start, evictions of its pod wait for the first copy (pulled while the pod runs); after that the pod may be evicted, and its deletion still waits until the whole volume is copied")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()
@@ -82,13 +84,16 @@ func main() {
 		err = fmt.Errorf("--metrics-audience must not be empty: a token for the API server would be accepted")
 	case *grace <= 0:
 		err = fmt.Errorf("--node-loss-grace-period must be positive, not %s", *grace)
+	case *preCopyWait <= 0:
+		err = fmt.Errorf("--migration-precopy-wait must be positive, not %s", *preCopyWait)
 	case *ephemeralWorkers < 1 || *apiQPS <= 0 || *apiBurst < 1:
 		err = fmt.Errorf("--concurrent-ephemeralvolume-syncs, --kube-api-qps and --kube-api-burst must be positive")
 	case *removeFinalizers:
 		err = removeNodeFinalizers()
 	default:
 		err = run(runConfig{metricsAddr: *metricsAddr, metricsCert: *metricsCert, metricsKey: *metricsKey, metricsAudience: *metricsAud, sidecars: *sidecars, healthAddr: *healthAddr, leaderElect: *leaderElect, leaseNS: *leaseNS,
-			controllers: *controllers, driver: *driver, grace: *grace, ephemeralWorkers: *ephemeralWorkers, qps: float32(*apiQPS), burst: *apiBurst, nodeServiceAccount: *nodeSA, transfers: *transfers})
+			controllers: *controllers, driver: *driver, grace: *grace, ephemeralWorkers: *ephemeralWorkers, qps: float32(*apiQPS), burst: *apiBurst, nodeServiceAccount: *nodeSA, transfers: *transfers,
+			preCopyWait: *preCopyWait})
 	}
 	if err != nil {
 		klog.ErrorS(err, "podvol-controller failed")
@@ -107,8 +112,14 @@ func removeNodeFinalizers() error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 	ctx := log.IntoContext(ctrl.SetupSignalHandler(), ctrl.Log.WithName("remove-finalizers"))
-	// A node-loss still running adds the finalizer back at the Node's next
+	// A migration still running adds its finalizer back at the pod's next
 	// event, which our own patch is: 10 s is plenty to see it.
+	held, err := migration.RemoveHolds(ctx, c, 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("remove finalizer %s from the pods and migration's PodDisruptionBudgets (%d let go): %w", names.MigrationFinalizer, held, err)
+	}
+	klog.InfoS("Removed migration's finalizer from every pod and deleted its PodDisruptionBudgets", "finalizer", names.MigrationFinalizer, "podsAndBudgets", held)
+	// Likewise node-loss's, at the Node's next event.
 	n, err := nodeloss.RemoveFinalizers(ctx, c, 10*time.Second)
 	if err != nil {
 		return fmt.Errorf("remove finalizer %s from the Nodes (removed from %d): %w", names.NodeLossFinalizer, n, err)
@@ -127,7 +138,7 @@ type runConfig struct {
 	leaseNS, controllers, driver string
 	nodeServiceAccount           string
 	transfers                    bool
-	grace                        time.Duration
+	grace, preCopyWait           time.Duration
 	ephemeralWorkers             int
 	qps                          float32
 	burst                        int
@@ -199,6 +210,9 @@ func run(c runConfig) error {
 				continue
 			}
 			err = (&migration.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver, StashNamespace: c.leaseNS}).SetupWithManager(mgr)
+			if err == nil {
+				err = (&migration.Holds{Client: mgr.GetClient(), Recorder: rec, Driver: c.driver, PreCopyWait: c.preCopyWait}).SetupWithManager(mgr)
+			}
 		case "":
 		default:
 			return fmt.Errorf("--controllers: unknown controller %q (known: ephemeral-volume, clone-lifecycle, node-loss, admission-params, snapshot-import, group-snapshot-routing, source-placement, transfer-signer, metrics-signer, migration)", name)

@@ -35,6 +35,7 @@ import (
 	"github.com/podvol/podvol/internal/controller/clonelifecycle"
 	"github.com/podvol/podvol/internal/controller/ephemeral"
 	"github.com/podvol/podvol/internal/controller/grouprouting"
+	"github.com/podvol/podvol/internal/controller/migration"
 	"github.com/podvol/podvol/internal/controller/nodeloss"
 	"github.com/podvol/podvol/internal/controller/snapshotimport"
 	"github.com/podvol/podvol/internal/controller/sourceplacement"
@@ -88,6 +89,8 @@ func startWith(t *testing.T, mapper func(meta.RESTMapper) meta.RESTMapper, only 
 		"group-snapshot-routing": &grouprouting.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io"},
 		"source-placement": &sourceplacement.Reconciler{Client: countSnapshotReads{mgr.GetClient(), reads}, Recorder: rec, Driver: "podvol.io",
 			Backoff: placementBackoff, Wait: placementWait},
+		"migration":       &migration.Reconciler{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io", StashNamespace: "podvol-system", Poll: 200 * time.Millisecond},
+		"migration-holds": &migration.Holds{Client: mgr.GetClient(), Recorder: rec, Driver: "podvol.io", Poll: 200 * time.Millisecond},
 	} {
 		if len(only) > 0 && !slices.Contains(only, name) {
 			continue

@@ -11,6 +11,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -103,7 +104,7 @@ func wipe(ctx context.Context) error {
 	grants := &unstructured.UnstructuredList{}
 	grants.SetGroupVersionKind(schema.GroupVersionKind{Group: "gateway.networking.k8s.io", Version: "v1beta1", Kind: "ReferenceGrantList"})
 	lists := []client.ObjectList{
-		&corev1.PodList{}, &corev1.PersistentVolumeClaimList{}, &corev1.ConfigMapList{}, &corev1.EventList{},
+		&corev1.PodList{}, &corev1.PersistentVolumeClaimList{}, &corev1.ConfigMapList{}, &corev1.EventList{}, &policyv1.PodDisruptionBudgetList{},
 		&coordinationv1.LeaseList{}, content("VolumeSnapshot"), grants,
 		&corev1.NodeList{}, &corev1.PersistentVolumeList{}, &storagev1.CSINodeList{}, &storagev1.StorageClassList{},
 		content("VolumeSnapshotContent"),

@@ -156,13 +156,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 // cordonChanged passes the Node events that can start or cancel a
-// migration: a node's kubelet updates its Node's status every few seconds,
-// and each would otherwise list every PV.
+// migration (a cordon, or an autoscaler's mark: draining): a node's kubelet
+// updates its Node's status every few seconds, and each would otherwise
+// list every PV.
 var cordonChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, okOld := e.ObjectOld.(*corev1.Node)
 		n, okNew := e.ObjectNew.(*corev1.Node)
-		return !okOld || !okNew || o.Spec.Unschedulable != n.Spec.Unschedulable
+		return !okOld || !okNew || draining(o) != draining(n)
 	},
 	GenericFunc: func(event.GenericEvent) bool { return false },
 }
@@ -235,7 +236,7 @@ func (r *Reconciler) start(ctx context.Context, pv *corev1.PersistentVolume) (re
 		return reconcile.Result{}, nil
 	}
 	node := &corev1.Node{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Name: nodeName}, node); err != nil || !node.Spec.Unschedulable {
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: nodeName}, node); err != nil || !draining(node) {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	pvc, err := r.claimOf(ctx, pv)
@@ -312,8 +313,8 @@ func (r *Reconciler) pickTarget(ctx context.Context, pv *corev1.PersistentVolume
 		if n.Name == topology.Node(pv) {
 			continue
 		}
-		if n.Spec.Unschedulable {
-			whyNot = append(whyNot, n.Name+": cordoned")
+		if draining(n) {
+			whyNot = append(whyNot, n.Name+": cordoned or being removed")
 			continue
 		}
 		q, ok := room[n.Name]
@@ -377,7 +378,7 @@ func (r *Reconciler) copying(ctx context.Context, pv *corev1.PersistentVolume) (
 	if pvc == nil || pvc.DeletionTimestamp != nil {
 		return r.cancel(ctx, pv, nil, "its claim is gone")
 	}
-	if err == nil && !node.Spec.Unschedulable {
+	if err == nil && !draining(node) {
 		return r.cancel(ctx, pv, pvc, fmt.Sprintf("node %s is schedulable again", node.Name))
 	}
 	clone := &corev1.PersistentVolumeClaim{}
@@ -422,6 +423,9 @@ func (r *Reconciler) copying(ctx context.Context, pv *corev1.PersistentVolume) (
 		}
 		return reconcile.Result{RequeueAfter: 30 * time.Second}, nil
 	}
+	if why := sourceLostCopy(clone); why != "" {
+		return r.cancel(ctx, pv, pvc, why)
+	}
 	if clone.Spec.VolumeName == "" || clone.Status.Phase != corev1.ClaimBound {
 		return reconcile.Result{RequeueAfter: r.poll()}, nil
 	}
@@ -430,8 +434,20 @@ func (r *Reconciler) copying(ctx context.Context, pv *corev1.PersistentVolume) (
 	patch := client.MergeFromWithOptions(pv.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	pv.Annotations[names.MigrationPhase] = names.MigrationSwitching
 	pv.Annotations[names.MigrationVolume] = clone.Spec.VolumeName
+	preCopy := preCopyOnly(clone)
+	if _, kept := pv.Annotations[names.MigrationReclaim]; preCopy != "" && !kept {
+		// The old volume holds what was written after the pre-copy: kept
+		// for good (Retain), should its node come back with its disk.
+		pv.Annotations[names.MigrationReclaim] = string(corev1.PersistentVolumeReclaimRetain)
+		pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+	}
 	if err := r.Client.Patch(ctx, pv, patch); err != nil {
 		return reconcile.Result{}, err
+	}
+	if preCopy != "" {
+		r.Recorder.Eventf(pvc, pv, corev1.EventTypeWarning, "MigrationFromPreCopy", "Migrate",
+			"switching this claim to its copy on node %s (PV %s), which holds only the first copy: %s. The old volume (PV %s) is kept (reclaim policy Retain): if node %s comes back with its disk, it holds what was written later; delete PV %s once you no longer need it",
+			pv.Annotations[names.MigrationTarget], clone.Spec.VolumeName, brief(preCopy), pv.Name, topology.Node(pv), pv.Name)
 	}
 	r.Recorder.Eventf(pvc, pv, corev1.EventTypeNormal, "MigrationCopied", "Migrate",
 		"this claim's volume is copied to node %s (PV %s): switching the claim to it", pv.Annotations[names.MigrationTarget], clone.Spec.VolumeName)

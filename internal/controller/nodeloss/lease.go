@@ -59,6 +59,8 @@ type leaseWatch struct {
 	since    time.Time     // first reading: when the deletion was first seen
 	clear    time.Time     // start of the current run of readings without a blind spot
 	lastRead time.Time
+	// toldMigrations: the Node's event that it is held for migrations.
+	toldMigrations bool
 }
 
 type verdict int

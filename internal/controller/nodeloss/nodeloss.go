@@ -48,6 +48,9 @@ const (
 	// ReasonReleaseFailed: the node is lost, but its volumes could not be
 	// released (or written down first) yet; the Node is held until they are.
 	ReasonReleaseFailed = "NodeLossReleaseFailed"
+	// ReasonHeldForMigration: the Node was deleted while volumes are being
+	// moved off it; it is held until they are.
+	ReasonHeldForMigration = "NodeHeldForMigration"
 )
 
 // Reconciler releases the volumes of lost nodes.
@@ -150,6 +153,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{RequeueAfter: r.poll()}, nil
 	case alive:
+		if held, err := r.holdForMigrations(ctx, node, w, false); err != nil || held {
+			return ctrl.Result{RequeueAfter: r.poll()}, err
+		}
 		logger.Info("Node deleted while its kubelet renews its Lease: not a lost node, keeping its volumes",
 			"node", node.Name, "lease", lease)
 		if err := r.keep(ctx, node); err != nil {
@@ -164,6 +170,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonReleaseFailed, "Release",
 				"Node lost, but its podvol volumes cannot be released yet, so the Node stays (Terminating) and podvol retries: %s", brief(err))
 			return ctrl.Result{}, err
+		}
+		if held, err := r.holdForMigrations(ctx, node, w, true); err != nil || held {
+			return ctrl.Result{RequeueAfter: r.poll()}, err
 		}
 	}
 	if err := r.dropFinalizer(ctx, node); err != nil {

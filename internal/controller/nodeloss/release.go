@@ -106,6 +106,9 @@ func (r *Reconciler) release(ctx context.Context, nodeName string, wait time.Dur
 	classes := map[string]bool{} // StorageClass name -> release
 	var released []*corev1.PersistentVolume
 	for _, pv := range pvs {
+		if migrating(pv) {
+			continue // the migration re-makes its claim (holdForMigrations)
+		}
 		release, ok := classes[pv.Spec.StorageClassName]
 		if !ok && pv.Spec.StorageClassName == "" {
 			// A static PV of no class has none to opt out with (and
