@@ -324,12 +324,14 @@ spec:
 
 // testDrainMigratesData: a StatefulSet replica whose claim asks to follow
 // its pod (podvol.io/migrate-on-drain) is on node A. Cordoning A starts
-// the copy while the pod runs (the first copy is pulled whole); the pod
-// then writes more, and `kubectl drain A` evicts it; what changed since the
-// first copy follows, the claim is re-made bound to the copy, and the
+// the copy while the pod runs; the claim is expanded as the copy begins,
+// which grows the volume on A past the copy's size: the copy is made again
+// at the new size, and its first copy pulled whole. The pod then writes
+// more, and `kubectl drain A` evicts it; what changed since
+// the first copy follows, the claim is re-made bound to the copy, and the
 // replica runs on another node with every byte (checksums of what was
-// written before and during the copy). The old volume goes once the
-// replica runs with the new one.
+// written before and during the copy) and the expanded size. The old
+// volume goes once the replica runs with the new one.
 func testDrainMigratesData(t *testing.T) {
 	n := ns(t)
 	a := cluster.Nodes[0]
@@ -356,14 +358,39 @@ func testDrainMigratesData(t *testing.T) {
 		}
 		return ""
 	})
+	// The claim expanded as its copy begins: the volume grows on A (its pod
+	// runs) past the copy's size, and the copy is made again at the new
+	// size.
+	copyClaim := "pvc/podvol-move-" + get(t, n, "pvc/data-db-0", "{.metadata.uid}")
+	first := ""
+	eventually(t, 2*time.Minute, func() string {
+		if first, _ = cluster.Get(ctx(t), n, copyClaim, "{.metadata.uid}"); first == "" {
+			return "no copy's claim " + copyClaim
+		}
+		return ""
+	})
+	patched, err := cluster.RunKubectl(ctx(t), "-n", n, "patch", "pvc", "data-db-0", "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"3Gi"}}}}`)
+	must(t, "expand data-db-0:\n"+patched, err)
+	again := ""
+	eventually(t, 2*time.Minute, func() string {
+		again, _ = cluster.Get(ctx(t), n, copyClaim, "{.metadata.uid}")
+		size, _ := cluster.Get(ctx(t), n, copyClaim, "{.spec.resources.requests.storage}")
+		target, _ = cluster.Get(ctx(t), "", "pv/"+oldPV, "{.metadata.annotations.podvol\\.io/migration-target}")
+		if again == "" || again == first || size != "3Gi" || target == "" {
+			return fmt.Sprintf("the copy's claim is %q asking %q (target %q), want another than %s asking 3Gi", again, size, target, first)
+		}
+		return ""
+	})
 	// The first copy, pulled while the pod runs.
 	plugin, _ := pluginContainer(t, target)
 	eventually(t, 3*time.Minute, func() string {
 		logs, err := cluster.RunKubectl(ctx(t), "-n", "podvol-system", "logs", plugin, "-c", "plugin")
-		if err != nil || !strings.Contains(logs, "Pulled a first copy of a volume in use") {
-			return fmt.Sprintf("%s's plugin has not pulled the first copy (%v):\n%s", target, err, lastLines(logs, 10))
+		for _, l := range strings.Split(logs, "\n") {
+			if strings.Contains(l, "Pulled a first copy of a volume in use") && strings.Contains(l, "pvc-"+again) {
+				return ""
+			}
 		}
-		return ""
+		return fmt.Sprintf("%s's plugin has not pulled the first copy for %s (%v):\n%s", target, again, err, lastLines(logs, 10))
 	})
 	exec(t, n, "db-0", "dd if=/dev/urandom of=/data/during bs=1M count=64 2>/dev/null && cd /data && sha256sum during >> sums && sync")
 	sums := exec(t, n, "db-0", "cat /data/sums")
@@ -384,6 +411,9 @@ func testDrainMigratesData(t *testing.T) {
 	}
 	if pv := get(t, n, "pvc/data-db-0", "{.spec.volumeName}"); pv == oldPV {
 		t.Fatalf("claim data-db-0 is still bound to %s", oldPV)
+	}
+	if size := get(t, n, "pvc/data-db-0", "{.status.capacity.storage}"); size != "3Gi" {
+		t.Errorf("claim data-db-0 holds %s after the move, want the 3Gi it was expanded to", size)
 	}
 	logs, err := cluster.RunKubectl(ctx(t), "-n", "podvol-system", "logs", plugin, "-c", "plugin")
 	must(t, "logs of "+plugin, err)
